@@ -1,0 +1,66 @@
+// Files: read-only memory maps, whole-file reads, and atomic writes (temporary name, rename when complete).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "petrel/util/status.h"
+
+namespace petrel {
+
+// A read-only, private memory map of a whole file. Move-only; unmaps on destruction.
+class MappedFile {
+ public:
+  static Result<MappedFile> open(const std::filesystem::path& path);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::filesystem::path path_;
+};
+
+Result<std::string> read_text_file(const std::filesystem::path& path);
+
+// Writes a file under a temporary name in the same directory and renames it over `path` on commit().
+// If the writer is destroyed without commit() (an error, an exception), the temporary file is removed,
+// so a reader never sees a partial file under the final name.
+class AtomicFileWriter {
+ public:
+  static Result<std::unique_ptr<AtomicFileWriter>> create(const std::filesystem::path& path);
+  ~AtomicFileWriter();
+
+  Status write(const void* data, size_t size);
+  Status write(const std::string& s) { return write(s.data(), s.size()); }
+  uint64_t bytes_written() const { return bytes_written_; }
+  // Flushes, fsyncs and renames to the final name.
+  Status commit();
+  const std::filesystem::path& temp_path() const { return temp_path_; }
+
+ private:
+  AtomicFileWriter() = default;
+  std::filesystem::path path_;
+  std::filesystem::path temp_path_;
+  std::FILE* file_ = nullptr;
+  uint64_t bytes_written_ = 0;
+  bool committed_ = false;
+};
+
+// Convenience: atomically replaces `path` with `contents`.
+Status write_file_atomic(const std::filesystem::path& path, const std::string& contents);
+
+}  // namespace petrel

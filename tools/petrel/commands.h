@@ -1,0 +1,29 @@
+// The petrel CLI: one file per subcommand, each a thin layer over the library.
+// A command file defines add_<name>_command(app, ctx), which declares its flags and sets a callback that
+// stores the command's exit code in ctx. main.cc lists them all.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "petrel/util/status.h"
+
+namespace petrel::cli {
+
+struct CliContext {
+  int exit_code = 0;
+};
+
+// Prints "petrel <command>: error: <message>" to stderr and returns the exit code for the status:
+// 0 ok, 2 invalid argument / not found, 3 invalid or unsupported data, 4 I/O, 1 anything else.
+int report_error(const std::string& command, const Status& status);
+
+void add_generate_command(CLI::App& app, CliContext& ctx);
+void add_logits_command(CLI::App& app, CliContext& ctx);
+void add_inspect_command(CLI::App& app, CliContext& ctx);
+void add_make_random_command(CLI::App& app, CliContext& ctx);
+void add_tokenize_commands(CLI::App& app, CliContext& ctx);  // tokenize, detokenize (cmd_tokenize.cc)
+void add_template_command(CLI::App& app, CliContext& ctx);   // template (cmd_template.cc)
+
+}  // namespace petrel::cli
