@@ -1,0 +1,61 @@
+// kernels/ref: the plain scalar reference of every op the model uses. Readable, float32 accumulation,
+// threaded only over independent rows. Every optimized kernel (kernels/cpu, kernels/cuda) is tested
+// against these. Nothing here knows about Llama: shapes come in as arguments.
+//
+// Conventions: activations are float32, row-major; a "row" is one token. Weight matrices are stored as
+// PyTorch's nn.Linear keeps them, [out_features, in_features] row-major, in their stored dtype, so that
+// y = x W^T.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "petrel/util/dtype.h"
+
+namespace petrel::ref {
+
+// A dense matrix in its stored element type (F32, F16 or BF16). A vector is a matrix with one row.
+struct DenseMatrix {
+  DType dtype = DType::kF32;
+  int64_t rows = 0;  // out_features (or vocabulary rows of an embedding table)
+  int64_t cols = 0;  // in_features (or the embedding width)
+  const void* data = nullptr;
+
+  // Element (r, c) widened to float32 (exact for all three dtypes).
+  float at(int64_t r, int64_t c) const;
+  // Row r widened to float32 into out[cols].
+  void row_to_f32(int64_t r, float* out) const;
+};
+
+// out[i, :] = table[tokens[i], :]. Token ids must be in [0, table.rows) (checked by the caller).
+void embedding_lookup(const DenseMatrix& table, std::span<const int32_t> tokens, float* out);
+
+// RMSNorm as transformers' LlamaRMSNorm: out = weight * (x / sqrt(mean(x^2) + eps)), per row.
+// x, out: [n_rows, dim]; weight: one row of dim. x and out may alias.
+void rms_norm(const float* x, int64_t n_rows, int64_t dim, const DenseMatrix& weight, float eps, float* out);
+
+// y[n_rows, w.rows] = x[n_rows, w.cols] * w^T. Parallel over output features.
+void matmul(const float* x, int64_t n_rows, const DenseMatrix& w, float* y);
+
+// Rotary embedding, rotate-half convention (pairs i and i + head_dim/2), in place on
+// x[n_rows, n_heads, head_dim]; cos/sin: [n_rows, head_dim/2] for each row's position.
+void apply_rope(float* x, int64_t n_rows, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin);
+
+// Causal grouped-query attention for n_rows queries at positions first_pos .. first_pos + n_rows - 1.
+// q:   [n_rows, n_heads, head_dim]
+// keys, values: [>= first_pos + n_rows, n_kv_heads, head_dim] (the cache, this chunk included)
+// out: [n_rows, n_heads, head_dim]
+// Query head h reads KV head h / (n_heads / n_kv_heads); scores are scaled by 1/sqrt(head_dim).
+void attention(const float* q, const float* keys, const float* values, int64_t n_rows, int64_t first_pos,
+               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float* out);
+
+// out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)).
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] += y[i].
+void add_in_place(float* x, const float* y, int64_t n);
+
+// Numerically stable softmax of x[n] in place.
+void softmax(float* x, int64_t n);
+
+}  // namespace petrel::ref

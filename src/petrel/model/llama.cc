@@ -1,0 +1,180 @@
+#include "petrel/model/llama.h"
+
+#include <algorithm>
+
+#include "petrel/model/rope.h"
+
+namespace petrel {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+Result<ref::DenseMatrix> dense_from(const SafetensorsCheckpoint& ckpt, const std::string& name,
+                                    std::vector<int64_t> shape) {
+  PETREL_ASSIGN_OR_RETURN(TensorView view, ckpt.tensor(name, shape));
+  if (view.dtype != DType::kF32 && view.dtype != DType::kF16 && view.dtype != DType::kBF16) {
+    return unsupported(ckpt.dir().string() + ": tensor '" + name + "' has dtype " +
+                       std::string(dtype_name(view.dtype)) + "; the float model needs F32, F16 or BF16");
+  }
+  ref::DenseMatrix m;
+  m.dtype = view.dtype;
+  m.rows = shape.size() == 2 ? shape[0] : 1;
+  m.cols = shape.back();
+  m.data = view.data;
+  return m;
+}
+
+Result<LinearWeight> linear_from(const SafetensorsCheckpoint& ckpt, const std::string& name, int64_t out_features,
+                                 int64_t in_features) {
+  PETREL_ASSIGN_OR_RETURN(ref::DenseMatrix dense, dense_from(ckpt, name + ".weight", {out_features, in_features}));
+  return LinearWeight{dense};
+}
+
+void linear(const float* x, int64_t n_rows, const LinearWeight& w, float* y) { ref::matmul(x, n_rows, w.dense, y); }
+
+}  // namespace
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const fs::path& dir) {
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  PETREL_ASSIGN_OR_RETURN(model->config_, load_llama_config(dir));
+  PETREL_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
+  PETREL_RETURN_IF_ERROR(model->bind_weights());
+  model->inv_freq_ = rope_inverse_frequencies(model->config_.rope, model->config_.head_dim);
+  return model;
+}
+
+Status LlamaModel::bind_weights() {
+  const LlamaConfig& c = config_;
+  const SafetensorsCheckpoint& ck = checkpoint_;
+  const int64_t h = c.hidden_size;
+  PETREL_ASSIGN_OR_RETURN(weights_.embed_tokens, dense_from(ck, "model.embed_tokens.weight", {c.vocab_size, h}));
+  weights_.layers.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LlamaLayerWeights& w = weights_.layers[l];
+    PETREL_ASSIGN_OR_RETURN(w.input_norm, dense_from(ck, p + "input_layernorm.weight", {h}));
+    PETREL_ASSIGN_OR_RETURN(w.q_proj, linear_from(ck, p + "self_attn.q_proj", c.q_dim(), h));
+    PETREL_ASSIGN_OR_RETURN(w.k_proj, linear_from(ck, p + "self_attn.k_proj", c.kv_dim(), h));
+    PETREL_ASSIGN_OR_RETURN(w.v_proj, linear_from(ck, p + "self_attn.v_proj", c.kv_dim(), h));
+    PETREL_ASSIGN_OR_RETURN(w.o_proj, linear_from(ck, p + "self_attn.o_proj", h, c.q_dim()));
+    PETREL_ASSIGN_OR_RETURN(w.post_attn_norm, dense_from(ck, p + "post_attention_layernorm.weight", {h}));
+    PETREL_ASSIGN_OR_RETURN(w.gate_proj, linear_from(ck, p + "mlp.gate_proj", c.intermediate_size, h));
+    PETREL_ASSIGN_OR_RETURN(w.up_proj, linear_from(ck, p + "mlp.up_proj", c.intermediate_size, h));
+    PETREL_ASSIGN_OR_RETURN(w.down_proj, linear_from(ck, p + "mlp.down_proj", h, c.intermediate_size));
+  }
+  PETREL_ASSIGN_OR_RETURN(weights_.final_norm, dense_from(ck, "model.norm.weight", {h}));
+  if (c.tie_word_embeddings) {
+    weights_.lm_head = LinearWeight{weights_.embed_tokens};  // transformers ties lm_head to the embedding
+  } else {
+    PETREL_ASSIGN_OR_RETURN(weights_.lm_head, linear_from(ck, "lm_head", c.vocab_size, h));
+  }
+  return ok_status();
+}
+
+Result<KvCache> LlamaModel::new_cache(int64_t context_length) const {
+  if (context_length <= 0 || context_length > config_.max_position_embeddings) {
+    return invalid_argument("context length " + std::to_string(context_length) + " must be in [1, " +
+                            std::to_string(config_.max_position_embeddings) + "] (max_position_embeddings)");
+  }
+  return KvCache(context_length, config_.num_hidden_layers, config_.kv_dim());
+}
+
+// One forward pass over n tokens, in the order of transformers' LlamaDecoderLayer.forward.
+Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, LogitsMode mode,
+                           std::vector<float>* logits) const {
+  const LlamaConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return invalid_argument("forward: no tokens");
+  if (cache.n_layers != c.num_hidden_layers || cache.kv_dim != c.kv_dim()) {
+    return invalid_argument("forward: the KV cache was made for another model shape");
+  }
+  if (n > cache.remaining()) {
+    return out_of_range("Context Size was exceeded: " + std::to_string(cache.n_past) + " positions used + " +
+                        std::to_string(n) + " new tokens > context length " + std::to_string(cache.context_length));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
+      return invalid_argument("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    }
+  }
+  const int64_t h = c.hidden_size, first_pos = cache.n_past, half = c.head_dim / 2;
+  auto observe = [&](const std::string& name, const float* data, int64_t cols) {
+    if (observer_) observer_(name, data, n, cols);
+  };
+
+  std::vector<float> x(n * h);          // the residual stream [n, hidden]
+  std::vector<float> normed(n * h);     // [n, hidden]
+  std::vector<float> q(n * c.q_dim());  // [n, n_heads * head_dim]
+  std::vector<float> attn(n * c.q_dim());
+  std::vector<float> proj(n * h);
+  std::vector<float> gate(n * c.intermediate_size), up(n * c.intermediate_size);
+  std::vector<float> cos(n * half), sin(n * half);
+  rope_cos_sin(inv_freq_, first_pos, n, cos.data(), sin.data());
+
+  ref::embedding_lookup(weights_.embed_tokens, tokens, x.data());
+  observe("embed", x.data(), h);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LlamaLayerWeights& w = weights_.layers[l];
+    const std::string name = "layer" + std::to_string(l);
+    // Self-attention block: x = x + o_proj(attention(rope(q), rope(k), v)).
+    ref::rms_norm(x.data(), n, h, w.input_norm, eps, normed.data());
+    float* keys = cache.layer_keys(l) + first_pos * c.kv_dim();  // this chunk's slots in the cache
+    float* values = cache.layer_values(l) + first_pos * c.kv_dim();
+    linear(normed.data(), n, w.q_proj, q.data());
+    linear(normed.data(), n, w.k_proj, keys);
+    linear(normed.data(), n, w.v_proj, values);
+    ref::apply_rope(q.data(), n, c.num_attention_heads, c.head_dim, cos.data(), sin.data());
+    ref::apply_rope(keys, n, c.num_key_value_heads, c.head_dim, cos.data(), sin.data());
+    ref::attention(q.data(), cache.layer_keys(l), cache.layer_values(l), n, first_pos, c.num_attention_heads,
+                   c.num_key_value_heads, c.head_dim, attn.data());
+    linear(attn.data(), n, w.o_proj, proj.data());
+    observe(name + ".attn_out", proj.data(), h);
+    ref::add_in_place(x.data(), proj.data(), n * h);
+    // Feed-forward block: x = x + down_proj(silu(gate_proj(x)) * up_proj(x)).
+    ref::rms_norm(x.data(), n, h, w.post_attn_norm, eps, normed.data());
+    linear(normed.data(), n, w.gate_proj, gate.data());
+    linear(normed.data(), n, w.up_proj, up.data());
+    ref::silu_mul(gate.data(), up.data(), n * c.intermediate_size, gate.data());
+    linear(gate.data(), n, w.down_proj, proj.data());
+    observe(name + ".mlp_out", proj.data(), h);
+    ref::add_in_place(x.data(), proj.data(), n * h);
+    observe(name + ".out", x.data(), h);
+  }
+  cache.n_past += n;
+
+  if (mode == LogitsMode::kNone) return ok_status();
+  const int64_t first_row = mode == LogitsMode::kLast ? n - 1 : 0;
+  const int64_t rows = n - first_row;
+  ref::rms_norm(x.data() + first_row * h, rows, h, weights_.final_norm, eps, normed.data());
+  logits->resize(rows * c.vocab_size);
+  linear(normed.data(), rows, weights_.lm_head, logits->data());
+  return ok_status();
+}
+
+Status LlamaModel::process_prompt(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk_size,
+                                  LogitsMode mode, std::vector<float>* logits) const {
+  if (chunk_size <= 0) return invalid_argument("prompt chunk size must be positive");
+  if (static_cast<int64_t>(tokens.size()) > cache.remaining()) {
+    return out_of_range("Context Size was exceeded: the prompt has " + std::to_string(tokens.size()) +
+                        " tokens, " + std::to_string(cache.remaining()) + " of " +
+                        std::to_string(cache.context_length) + " positions are free");
+  }
+  if (logits) logits->clear();
+  std::vector<float> chunk_logits;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t begin = 0; begin < n; begin += chunk_size) {
+    const int64_t count = std::min(chunk_size, n - begin);
+    const bool last_chunk = begin + count == n;
+    LogitsMode chunk_mode = mode == LogitsMode::kAll ? LogitsMode::kAll
+                            : (mode == LogitsMode::kLast && last_chunk) ? LogitsMode::kLast
+                                                                        : LogitsMode::kNone;
+    PETREL_RETURN_IF_ERROR(forward(tokens.subspan(begin, count), cache, chunk_mode, &chunk_logits));
+    if (chunk_mode != LogitsMode::kNone) logits->insert(logits->end(), chunk_logits.begin(), chunk_logits.end());
+  }
+  return ok_status();
+}
+
+}  // namespace petrel

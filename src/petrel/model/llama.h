@@ -1,0 +1,93 @@
+// The Llama-family decoder (Llama 3.x, Nemotron Nano 8B), reference numerics: weights read in their stored
+// dtype and widened to float32, float32 activations and accumulation. Matches transformers'
+// modeling_llama.py (LlamaForCausalLM) run in float32.
+//
+// Two deployment shapes run through one forward():
+//   - prompt processor: N tokens at once, in chunks of `chunk_size` (default 128, Qualcomm's AR-128);
+//   - token generator: one token at a time (AR-1).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "petrel/io/hf_config.h"
+#include "petrel/io/safetensors.h"
+#include "petrel/kernels/ref/ops.h"
+#include "petrel/model/kv_cache.h"
+#include "petrel/util/status.h"
+
+namespace petrel {
+
+// A linear layer's weight, y = x W^T. Dense float formats for now; quantized formats join later.
+struct LinearWeight {
+  ref::DenseMatrix dense;  // [out_features, in_features]
+};
+
+struct LlamaLayerWeights {
+  ref::DenseMatrix input_norm;      // [1, hidden]
+  LinearWeight q_proj;              // [n_heads * head_dim, hidden]
+  LinearWeight k_proj;              // [n_kv_heads * head_dim, hidden]
+  LinearWeight v_proj;              // [n_kv_heads * head_dim, hidden]
+  LinearWeight o_proj;              // [hidden, n_heads * head_dim]
+  ref::DenseMatrix post_attn_norm;  // [1, hidden]
+  LinearWeight gate_proj;           // [intermediate, hidden]
+  LinearWeight up_proj;             // [intermediate, hidden]
+  LinearWeight down_proj;           // [hidden, intermediate]
+};
+
+struct LlamaWeights {
+  ref::DenseMatrix embed_tokens;  // [vocab, hidden]
+  std::vector<LlamaLayerWeights> layers;
+  ref::DenseMatrix final_norm;  // [1, hidden]
+  LinearWeight lm_head;         // [vocab, hidden]; the embedding table when tied
+};
+
+enum class LogitsMode {
+  kNone,  // fill the cache only
+  kLast,  // logits of the last token: [1, vocab]
+  kAll,   // logits of every token: [n_tokens, vocab]
+};
+
+// Called with named intermediate tensors ("layer3.attn_out", shape [n, dim]) when set; for comparing
+// against Hugging Face hidden states while debugging.
+using TensorObserver = std::function<void(const std::string& name, const float* data, int64_t rows, int64_t cols)>;
+
+class LlamaModel {
+ public:
+  // Loads DIR/config.json and the safetensors of DIR; every tensor is checked for presence, shape and dtype.
+  static Result<std::unique_ptr<LlamaModel>> load(const std::filesystem::path& dir);
+
+  const LlamaConfig& config() const { return config_; }
+  const SafetensorsCheckpoint& checkpoint() const { return checkpoint_; }
+
+  // A cache for `context_length` positions (at most max_position_embeddings).
+  Result<KvCache> new_cache(int64_t context_length) const;
+
+  // Runs `tokens` at positions cache.n_past ... through the model as one batch and appends them to the
+  // cache. Fails with kOutOfRange, changing nothing, when they do not fit in the context.
+  Status forward(std::span<const int32_t> tokens, KvCache& cache, LogitsMode mode, std::vector<float>* logits) const;
+
+  // The prompt processor: forward() over consecutive chunks of at most `chunk_size` tokens.
+  // With kAll the logits of every token are concatenated; with kLast only the final token's are kept.
+  Status process_prompt(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk_size, LogitsMode mode,
+                        std::vector<float>* logits) const;
+
+  void set_observer(TensorObserver observer) { observer_ = std::move(observer); }
+
+ private:
+  LlamaModel() = default;
+  Status bind_weights();
+
+  LlamaConfig config_;
+  SafetensorsCheckpoint checkpoint_;
+  LlamaWeights weights_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  TensorObserver observer_;
+};
+
+}  // namespace petrel

@@ -1,0 +1,70 @@
+// Helpers shared by petrel's tests.
+#pragma once
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "petrel/util/file.h"
+
+namespace petrel::testing {
+
+inline std::filesystem::path data_dir() { return PETREL_TEST_DATA_DIR; }
+inline std::filesystem::path cli_path() { return PETREL_CLI_PATH; }
+
+// A fresh empty directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name) {
+    path_ = std::filesystem::temp_directory_path() / ("petrel_test_" + name + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command line and captures its output.
+inline CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+inline std::vector<int32_t> read_ids(const std::filesystem::path& path) {
+  std::vector<int32_t> ids;
+  auto text = read_text_file(path);
+  if (!text.ok()) return ids;
+  size_t pos = 0;
+  const std::string& s = *text;
+  while (pos < s.size()) {
+    while (pos < s.size() && (std::isspace(static_cast<unsigned char>(s[pos])) || s[pos] == ',')) ++pos;
+    if (pos >= s.size()) break;
+    size_t end = pos;
+    while (end < s.size() && !std::isspace(static_cast<unsigned char>(s[end])) && s[end] != ',') ++end;
+    ids.push_back(std::stoi(s.substr(pos, end - pos)));
+    pos = end;
+  }
+  return ids;
+}
+
+}  // namespace petrel::testing
