@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev libhwy-dev libsentencepiece-dev
+  libxxhash-dev libopenblas-dev liblapacke-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3
 )

@@ -37,10 +37,10 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs a shell command line and captures its output.
-inline CommandResult run_command(const std::string& command) {
+// Runs a shell command line and captures its stdout, and its stderr too unless `with_stderr` is false.
+inline CommandResult run_command(const std::string& command, bool with_stderr = true) {
   CommandResult result;
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  std::FILE* pipe = ::popen((command + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
   if (!pipe) return result;
   char buffer[4096];
   size_t n;

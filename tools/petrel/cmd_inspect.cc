@@ -1,4 +1,5 @@
 // petrel inspect: what a checkpoint holds.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -53,7 +54,10 @@ int run_inspect(const std::string& dir) {
   std::printf("\nbos / eos:       %s / ", c.bos_token_id ? std::to_string(*c.bos_token_id).c_str() : "none");
   for (size_t i = 0; i < c.eos_token_ids.size(); ++i) std::printf(i ? ",%d" : "%d", c.eos_token_ids[i]);
   std::printf("\nfiles:\n");
-  for (const auto& f : ckpt->files()) {
+  std::vector<const SafetensorsFile*> files;
+  for (const auto& f : ckpt->files()) files.push_back(f.get());
+  std::sort(files.begin(), files.end(), [](auto* a, auto* b) { return a->path() < b->path(); });
+  for (const SafetensorsFile* f : files) {
     std::printf("  %-40s %10s  %zu tensors\n", f->path().filename().c_str(), human_bytes(f->file_size()).c_str(),
                 f->tensors().size());
   }

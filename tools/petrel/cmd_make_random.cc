@@ -18,12 +18,20 @@ struct MakeRandomFlags {
   std::string tokenizer;
   double max_shard_gb = 5.0;
   int threads = 0;
+  std::string set_json;
 };
 
 int run_make_random(MakeRandomFlags f) {
   ThreadPool::set_global_threads(f.threads);
   if (f.layers > 0) f.options.num_layers = f.layers;
   if (!f.tokenizer.empty()) f.options.tokenizer_dir = f.tokenizer;
+  if (!f.set_json.empty()) {
+    auto overrides = nlohmann::ordered_json::parse(f.set_json, nullptr, false);
+    if (overrides.is_discarded() || !overrides.is_object()) {
+      return report_error("make-random", invalid_argument("--set: not a JSON object: " + f.set_json));
+    }
+    f.options.config_overrides = overrides;
+  }
   f.options.max_shard_bytes = static_cast<uint64_t>(f.max_shard_gb * 1e9);
   const auto start = std::chrono::steady_clock::now();
   int last_percent = -1;
@@ -59,6 +67,8 @@ void add_make_random_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--seed", flags->options.seed, "Random seed")->capture_default_str();
   cmd->add_option("--tokenizer", flags->tokenizer, "Copy tokenizer.json / tokenizer_config.json from this directory");
   cmd->add_option("--max-shard-gb", flags->max_shard_gb, "Largest shard, in GB")->capture_default_str();
+  cmd->add_option("--set", flags->set_json,
+                  "JSON object merged into the preset's config.json, e.g. '{\"hidden_size\": 256}'");
   cmd->add_flag("--force", flags->options.overwrite, "Replace the output directory if it exists");
   cmd->add_option("-t,--threads", flags->threads, "Worker threads; 0 = all cores")->capture_default_str();
   cmd->callback([flags, &ctx] { ctx.exit_code = run_make_random(*flags); });

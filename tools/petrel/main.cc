@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   petrel::cli::add_logits_command(app, ctx);
   petrel::cli::add_inspect_command(app, ctx);
   petrel::cli::add_make_random_command(app, ctx);
+  petrel::cli::add_quantize_command(app, ctx);
+  petrel::cli::add_validate_command(app, ctx);
   petrel::cli::add_tokenize_commands(app, ctx);
   petrel::cli::add_template_command(app, ctx);
 

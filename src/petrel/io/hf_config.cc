@@ -124,6 +124,32 @@ Status parse_rope_object(const json& rope, const std::string& where, RopeConfig*
   return ok_status();
 }
 
+Result<GptqConfig> parse_gptq_config(const json& q, const std::string& where) {
+  if (!q.is_object()) return invalid_data(where + " must be an object");
+  GptqConfig g;
+  g.raw = q;
+  Reader r(q, where);
+  std::string method;
+  PETREL_RETURN_IF_ERROR(r.optional_string("quant_method", &method));
+  if (method != "gptq") {
+    return unsupported(where + ": quant_method '" + method + "' is not supported (petrel reads GPTQ checkpoints)");
+  }
+  int64_t bits = 4;
+  PETREL_RETURN_IF_ERROR(r.optional_int("bits", &bits));
+  if (bits != 4 && bits != 8) return unsupported(where + ": " + std::to_string(bits) + "-bit GPTQ (petrel reads 4 and 8)");
+  g.bits = static_cast<int>(bits);
+  PETREL_RETURN_IF_ERROR(r.optional_int("group_size", &g.group_size));
+  PETREL_RETURN_IF_ERROR(r.optional_bool("sym", &g.symmetric));
+  PETREL_RETURN_IF_ERROR(r.optional_bool("desc_act", &g.desc_act));
+  PETREL_RETURN_IF_ERROR(r.optional_bool("lm_head", &g.lm_head_quantized));
+  std::string format = "gptq";
+  PETREL_RETURN_IF_ERROR(r.optional_string("checkpoint_format", &format));
+  if (format == "gptq") g.zero_offset = 1;
+  else if (format == "gptq_v2") g.zero_offset = 0;
+  else return unsupported(where + ": checkpoint_format '" + format + "' (petrel reads gptq and gptq_v2)");
+  return g;
+}
+
 }  // namespace
 
 Result<LlamaConfig> parse_llama_config(const json& j, const std::string& source) {
@@ -201,6 +227,9 @@ Result<LlamaConfig> parse_llama_config(const json& j, const std::string& source)
     c.rope = scaled;
   }
   if (c.rope.theta <= 0) return invalid_data(source + ": rope_theta must be positive");
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    PETREL_ASSIGN_OR_RETURN(c.quantization, parse_gptq_config(j["quantization_config"], source + ": quantization_config"));
+  }
   return c;
 }
 
@@ -210,6 +239,16 @@ Result<LlamaConfig> load_llama_config(const fs::path& dir) {
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return invalid_data(path.string() + ": not valid JSON");
   PETREL_ASSIGN_OR_RETURN(LlamaConfig config, parse_llama_config(j, path.string()));
+  // AutoGPTQ writes its settings to quantize_config.json instead of config.json.
+  const fs::path autogptq_path = dir / "quantize_config.json";
+  std::error_code exists_ec;
+  if (!config.quantization && fs::exists(autogptq_path, exists_ec)) {
+    PETREL_ASSIGN_OR_RETURN(std::string qtext, read_text_file(autogptq_path));
+    json q = json::parse(qtext, nullptr, false);
+    if (q.is_discarded()) return invalid_data(autogptq_path.string() + ": not valid JSON");
+    if (!q.contains("quant_method")) q["quant_method"] = "gptq";
+    PETREL_ASSIGN_OR_RETURN(config.quantization, parse_gptq_config(q, autogptq_path.string()));
+  }
   const fs::path gen_path = dir / "generation_config.json";
   std::error_code ec;
   if (fs::exists(gen_path, ec)) {

@@ -32,6 +32,17 @@ struct RopeConfig {
 
 const char* rope_scaling_name(RopeScalingType type);
 
+// `quantization_config` of a GPTQ checkpoint (ours or another tool's).
+struct GptqConfig {
+  int bits = 4;
+  int64_t group_size = -1;  // -1: per output channel
+  bool symmetric = true;
+  bool desc_act = false;
+  int zero_offset = 1;  // checkpoint_format "gptq" (v1) stores zero - 1; "gptq_v2" stores the zero
+  bool lm_head_quantized = false;
+  nlohmann::json raw;  // the whole object, for tools that want petrel's extensions
+};
+
 struct LlamaConfig {
   std::string model_type;  // "llama"
   int64_t hidden_size = 0;
@@ -48,6 +59,7 @@ struct LlamaConfig {
   std::vector<int32_t> eos_token_ids;  // config.json's, plus generation_config.json's when loaded from a dir
   RopeConfig rope;
   std::string torch_dtype;  // as declared ("bfloat16"); informational
+  std::optional<GptqConfig> quantization;  // set for GPTQ checkpoints
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }

@@ -217,6 +217,10 @@ std::vector<std::string> SafetensorsCheckpoint::tensor_names() const {
   return names;
 }
 
+void SafetensorsCheckpoint::release(const TensorView& view) const {
+  for (const auto& f : files_) f->map().release(view.data, view.num_bytes);
+}
+
 uint64_t SafetensorsCheckpoint::total_bytes() const {
   uint64_t total = 0;
   for (const auto& [name, view] : location_) total += view->num_bytes;

@@ -44,6 +44,7 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const TensorView* find(const std::string& name) const;
   size_t file_size() const { return map_.size(); }
+  const MappedFile& map() const { return map_; }
 
  private:
   MappedFile map_;
@@ -68,6 +69,8 @@ class SafetensorsCheckpoint {
   std::vector<std::string> tensor_names() const;
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
   uint64_t total_bytes() const;
+  // Lets the pages of a tensor go from RSS once it has been consumed (see MappedFile::release).
+  void release(const TensorView& view) const;
 
  private:
   std::filesystem::path dir_;

@@ -1,5 +1,7 @@
 #include "petrel/io/safetensors_writer.h"
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 namespace petrel {
@@ -51,6 +53,76 @@ Status SafetensorsWriter::finish() {
                           std::to_string(data_bytes_expected_) + " declared bytes written");
   }
   return file_->commit();
+}
+
+Result<std::unique_ptr<ShardedSafetensorsWriter>> ShardedSafetensorsWriter::create(const std::filesystem::path& dir,
+                                                                                   std::vector<TensorSpec> tensors,
+                                                                                   uint64_t max_shard_bytes) {
+  std::unique_ptr<ShardedSafetensorsWriter> w(new ShardedSafetensorsWriter());
+  w->dir_ = dir;
+  w->tensors_ = std::move(tensors);
+  w->shards_.emplace_back();
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < w->tensors_.size(); ++i) {
+    const uint64_t n = w->tensors_[i].num_bytes();
+    if (!w->shards_.back().empty() && bytes + n > max_shard_bytes) {
+      w->shards_.emplace_back();
+      bytes = 0;
+    }
+    w->shards_.back().push_back(i);
+    bytes += n;
+  }
+  for (size_t s = 0; s < w->shards_.size(); ++s) {
+    char name[64];
+    if (w->shards_.size() == 1) std::snprintf(name, sizeof name, "model.safetensors");
+    else std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, w->shards_.size());
+    w->shard_names_.push_back(name);
+  }
+  PETREL_RETURN_IF_ERROR(w->open_shard(0));
+  return w;
+}
+
+Status ShardedSafetensorsWriter::open_shard(size_t shard) {
+  std::vector<TensorSpec> specs;
+  for (size_t i : shards_[shard]) specs.push_back(tensors_[i]);
+  PETREL_ASSIGN_OR_RETURN(writer_, SafetensorsWriter::create(dir_ / shard_names_[shard], specs, {{"format", "pt"}}));
+  current_shard_ = shard;
+  written_in_shard_ = 0;
+  return ok_status();
+}
+
+Status ShardedSafetensorsWriter::write_tensor(const std::string& name, const void* data, size_t size) {
+  if (next_tensor_ >= tensors_.size()) return internal_error("sharded writer: tensor '" + name + "' was not declared");
+  const TensorSpec& spec = tensors_[next_tensor_];
+  if (spec.name != name || spec.num_bytes() != size) {
+    return internal_error("sharded writer: expected tensor '" + spec.name + "' (" + std::to_string(spec.num_bytes()) +
+                          " bytes) next, got '" + name + "' (" + std::to_string(size) + " bytes)");
+  }
+  PETREL_RETURN_IF_ERROR(writer_->write(data, size));
+  ++next_tensor_;
+  if (++written_in_shard_ == shards_[current_shard_].size()) {
+    PETREL_RETURN_IF_ERROR(writer_->finish());
+    writer_.reset();
+    if (current_shard_ + 1 < shards_.size()) PETREL_RETURN_IF_ERROR(open_shard(current_shard_ + 1));
+  }
+  return ok_status();
+}
+
+Status ShardedSafetensorsWriter::finish() {
+  if (next_tensor_ != tensors_.size()) {
+    return internal_error("sharded writer: " + std::to_string(next_tensor_) + " of " + std::to_string(tensors_.size()) +
+                          " tensors written");
+  }
+  if (shards_.size() == 1) return ok_status();
+  nlohmann::ordered_json index;
+  uint64_t total = 0;
+  for (const auto& t : tensors_) total += t.num_bytes();
+  index["metadata"] = {{"total_size", total}};
+  nlohmann::ordered_json map;
+  for (size_t s = 0; s < shards_.size(); ++s)
+    for (size_t i : shards_[s]) map[tensors_[i].name] = shard_names_[s];
+  index["weight_map"] = map;
+  return write_file_atomic(dir_ / "model.safetensors.index.json", index.dump(2) + "\n");
 }
 
 }  // namespace petrel

@@ -41,4 +41,32 @@ class SafetensorsWriter {
   uint64_t data_bytes_written_ = 0;
 };
 
+// Writes a tensor list across shards of at most `max_shard_bytes` (save_pretrained's naming:
+// model-0000K-of-0000N.safetensors plus model.safetensors.index.json, or a single model.safetensors).
+// Tensors must be written whole and in the declared order; each shard is renamed into place when complete.
+class ShardedSafetensorsWriter {
+ public:
+  static Result<std::unique_ptr<ShardedSafetensorsWriter>> create(const std::filesystem::path& dir,
+                                                                  std::vector<TensorSpec> tensors,
+                                                                  uint64_t max_shard_bytes);
+  // Writes the next declared tensor; `name` must be that tensor's (a safety check on the caller's order).
+  Status write_tensor(const std::string& name, const void* data, size_t size);
+  // Checks every tensor was written and writes the index when sharded.
+  Status finish();
+  size_t shard_count() const { return shards_.size(); }
+
+ private:
+  ShardedSafetensorsWriter() = default;
+  Status open_shard(size_t shard);
+
+  std::filesystem::path dir_;
+  std::vector<TensorSpec> tensors_;
+  std::vector<std::vector<size_t>> shards_;  // tensor indices per shard
+  std::vector<std::string> shard_names_;
+  size_t next_tensor_ = 0;
+  size_t current_shard_ = 0;
+  size_t written_in_shard_ = 0;
+  std::unique_ptr<SafetensorsWriter> writer_;
+};
+
 }  // namespace petrel

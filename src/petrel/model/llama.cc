@@ -25,23 +25,109 @@ Result<ref::DenseMatrix> dense_from(const SafetensorsCheckpoint& ckpt, const std
   return m;
 }
 
-Result<LinearWeight> linear_from(const SafetensorsCheckpoint& ckpt, const std::string& name, int64_t out_features,
-                                 int64_t in_features) {
-  PETREL_ASSIGN_OR_RETURN(ref::DenseMatrix dense, dense_from(ckpt, name + ".weight", {out_features, in_features}));
-  return LinearWeight{dense};
+Result<TensorView> typed_tensor(const SafetensorsCheckpoint& ckpt, const std::string& name, DType dtype,
+                                std::vector<int64_t> shape) {
+  PETREL_ASSIGN_OR_RETURN(TensorView view, ckpt.tensor(name, shape));
+  if (view.dtype != dtype) {
+    return invalid_data(ckpt.dir().string() + ": tensor '" + name + "' has dtype " + std::string(dtype_name(view.dtype)) +
+                        ", expected " + std::string(dtype_name(dtype)));
+  }
+  return view;
 }
 
-void linear(const float* x, int64_t n_rows, const LinearWeight& w, float* y) { ref::matmul(x, n_rows, w.dense, y); }
+// A GPTQ linear: bits and group size follow from the tensor shapes and are checked against the config.
+Result<LinearWeight> gptq_linear_from(const SafetensorsCheckpoint& ckpt, const GptqConfig& q, const std::string& name,
+                                      int64_t out_features, int64_t in_features) {
+  const std::string where = ckpt.dir().string() + ": " + name;
+  PETREL_ASSIGN_OR_RETURN(TensorView qweight, ckpt.tensor(name + ".qweight"));
+  if (qweight.dtype != DType::kI32 || qweight.shape.size() != 2 || qweight.shape[1] != out_features ||
+      (qweight.shape[0] * 32) % in_features != 0) {
+    return invalid_data(where + ".qweight: I32 " + shape_to_string(qweight.shape) + " does not pack [" +
+                        std::to_string(out_features) + ", " + std::to_string(in_features) + "] weights");
+  }
+  const int bits = static_cast<int>(qweight.shape[0] * 32 / in_features);
+  if (bits != 4 && bits != 8) return unsupported(where + ": " + std::to_string(bits) + "-bit weights");
+  if (bits != q.bits && name != "lm_head") {
+    return invalid_data(where + ": stored with " + std::to_string(bits) + " bits, config.json says " + std::to_string(q.bits));
+  }
+  PETREL_ASSIGN_OR_RETURN(TensorView scales, ckpt.tensor(name + ".scales"));
+  if (scales.dtype != DType::kF16 || scales.shape.size() != 2 || scales.shape[1] != out_features ||
+      scales.shape[0] <= 0 || in_features % scales.shape[0] != 0) {
+    return invalid_data(where + ".scales: " + std::string(dtype_name(scales.dtype)) + " " + shape_to_string(scales.shape) +
+                        ", expected F16 [groups, " + std::to_string(out_features) + "]");
+  }
+  const int64_t groups = scales.shape[0];
+  PETREL_ASSIGN_OR_RETURN(TensorView qzeros, typed_tensor(ckpt, name + ".qzeros", DType::kI32,
+                                                          {groups, out_features * bits / 32}));
+  LinearWeight w;
+  w.kind = LinearWeight::Kind::kGptq;
+  w.gptq.bits = bits;
+  w.gptq.rows = out_features;
+  w.gptq.cols = in_features;
+  w.gptq.group_size = in_features / groups;
+  w.gptq.zero_offset = q.zero_offset;
+  w.gptq.qweight = static_cast<const int32_t*>(qweight.data);
+  w.gptq.scales = static_cast<const uint16_t*>(scales.data);
+  w.gptq.qzeros = static_cast<const int32_t*>(qzeros.data);
+  if (ckpt.has(name + ".g_idx")) {
+    PETREL_ASSIGN_OR_RETURN(TensorView g_idx, typed_tensor(ckpt, name + ".g_idx", DType::kI32, {in_features}));
+    const int32_t* g = static_cast<const int32_t*>(g_idx.data);
+    bool trivial = true;
+    for (int64_t c = 0; c < in_features; ++c) {
+      if (g[c] < 0 || g[c] >= groups) {
+        return invalid_data(where + ".g_idx[" + std::to_string(c) + "] = " + std::to_string(g[c]) +
+                            " is not a group in [0, " + std::to_string(groups) + ")");
+      }
+      trivial = trivial && g[c] == c / w.gptq.group_size;
+    }
+    if (!trivial) w.gptq.g_idx = g;  // act-order checkpoints
+  }
+  return w;
+}
+
+Result<LinearWeight> linear_from(const SafetensorsCheckpoint& ckpt, const LlamaConfig& config, const std::string& name,
+                                 int64_t out_features, int64_t in_features) {
+  if (config.quantization && ckpt.has(name + ".qweight")) {
+    return gptq_linear_from(ckpt, *config.quantization, name, out_features, in_features);
+  }
+  PETREL_ASSIGN_OR_RETURN(ref::DenseMatrix dense, dense_from(ckpt, name + ".weight", {out_features, in_features}));
+  LinearWeight w;
+  w.dense = dense;
+  return w;
+}
+
+void linear(const float* x, int64_t n_rows, const LinearWeight& w, float* y) { linear_forward(x, n_rows, w, y); }
 
 }  // namespace
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const fs::path& dir) {
+void linear_forward(const float* x, int64_t n_rows, const LinearWeight& w, float* y) {
+  if (w.kind == LinearWeight::Kind::kGptq) ref::matmul(x, n_rows, w.gptq, y);
+  else ref::matmul(x, n_rows, w.dense, y);
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const fs::path& dir, const ModelLoadOptions& options) {
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   PETREL_ASSIGN_OR_RETURN(model->config_, load_llama_config(dir));
   PETREL_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
   PETREL_RETURN_IF_ERROR(model->bind_weights());
   model->inv_freq_ = rope_inverse_frequencies(model->config_.rope, model->config_.head_dim);
+  if (options.dequantize_weights) model->dequantize_weights();
   return model;
+}
+
+void LlamaModel::dequantize_weights() {
+  auto convert = [&](LinearWeight& w) {
+    if (w.kind != LinearWeight::Kind::kGptq) return;
+    std::vector<float> values(w.gptq.rows * w.gptq.cols);
+    for (int64_t r = 0; r < w.gptq.rows; ++r) w.gptq.row_to_f32(r, values.data() + r * w.gptq.cols);
+    w.dense = ref::DenseMatrix{DType::kF32, w.gptq.rows, w.gptq.cols, values.data()};
+    w.kind = LinearWeight::Kind::kDense;
+    owned_.push_back(std::move(values));
+  };
+  for (LlamaLayerWeights& l : weights_.layers) {
+    for (LinearWeight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) convert(*w);
+  }
+  convert(weights_.lm_head);
 }
 
 Status LlamaModel::bind_weights() {
@@ -54,20 +140,20 @@ Status LlamaModel::bind_weights() {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LlamaLayerWeights& w = weights_.layers[l];
     PETREL_ASSIGN_OR_RETURN(w.input_norm, dense_from(ck, p + "input_layernorm.weight", {h}));
-    PETREL_ASSIGN_OR_RETURN(w.q_proj, linear_from(ck, p + "self_attn.q_proj", c.q_dim(), h));
-    PETREL_ASSIGN_OR_RETURN(w.k_proj, linear_from(ck, p + "self_attn.k_proj", c.kv_dim(), h));
-    PETREL_ASSIGN_OR_RETURN(w.v_proj, linear_from(ck, p + "self_attn.v_proj", c.kv_dim(), h));
-    PETREL_ASSIGN_OR_RETURN(w.o_proj, linear_from(ck, p + "self_attn.o_proj", h, c.q_dim()));
+    PETREL_ASSIGN_OR_RETURN(w.q_proj, linear_from(ck, c, p + "self_attn.q_proj", c.q_dim(), h));
+    PETREL_ASSIGN_OR_RETURN(w.k_proj, linear_from(ck, c, p + "self_attn.k_proj", c.kv_dim(), h));
+    PETREL_ASSIGN_OR_RETURN(w.v_proj, linear_from(ck, c, p + "self_attn.v_proj", c.kv_dim(), h));
+    PETREL_ASSIGN_OR_RETURN(w.o_proj, linear_from(ck, c, p + "self_attn.o_proj", h, c.q_dim()));
     PETREL_ASSIGN_OR_RETURN(w.post_attn_norm, dense_from(ck, p + "post_attention_layernorm.weight", {h}));
-    PETREL_ASSIGN_OR_RETURN(w.gate_proj, linear_from(ck, p + "mlp.gate_proj", c.intermediate_size, h));
-    PETREL_ASSIGN_OR_RETURN(w.up_proj, linear_from(ck, p + "mlp.up_proj", c.intermediate_size, h));
-    PETREL_ASSIGN_OR_RETURN(w.down_proj, linear_from(ck, p + "mlp.down_proj", h, c.intermediate_size));
+    PETREL_ASSIGN_OR_RETURN(w.gate_proj, linear_from(ck, c, p + "mlp.gate_proj", c.intermediate_size, h));
+    PETREL_ASSIGN_OR_RETURN(w.up_proj, linear_from(ck, c, p + "mlp.up_proj", c.intermediate_size, h));
+    PETREL_ASSIGN_OR_RETURN(w.down_proj, linear_from(ck, c, p + "mlp.down_proj", h, c.intermediate_size));
   }
   PETREL_ASSIGN_OR_RETURN(weights_.final_norm, dense_from(ck, "model.norm.weight", {h}));
   if (c.tie_word_embeddings) {
-    weights_.lm_head = LinearWeight{weights_.embed_tokens};  // transformers ties lm_head to the embedding
+    weights_.lm_head.dense = weights_.embed_tokens;  // transformers ties lm_head to the embedding
   } else {
-    PETREL_ASSIGN_OR_RETURN(weights_.lm_head, linear_from(ck, "lm_head", c.vocab_size, h));
+    PETREL_ASSIGN_OR_RETURN(weights_.lm_head, linear_from(ck, c, "lm_head", c.vocab_size, h));
   }
   return ok_status();
 }

@@ -23,10 +23,19 @@
 
 namespace petrel {
 
-// A linear layer's weight, y = x W^T. Dense float formats for now; quantized formats join later.
+// A linear layer's weight, y = x W^T: a dense float matrix, or GPTQ-quantized codes dequantized on the fly.
 struct LinearWeight {
-  ref::DenseMatrix dense;  // [out_features, in_features]
+  enum class Kind { kDense, kGptq };
+  Kind kind = Kind::kDense;
+  ref::DenseMatrix dense;  // [out_features, in_features] when kDense
+  ref::GptqMatrix gptq;    // when kGptq
+
+  int64_t out_features() const { return kind == Kind::kDense ? dense.rows : gptq.rows; }
+  int64_t in_features() const { return kind == Kind::kDense ? dense.cols : gptq.cols; }
 };
+
+// y[n_rows, out] = x[n_rows, in] W^T with the reference kernels.
+void linear_forward(const float* x, int64_t n_rows, const LinearWeight& w, float* y);
 
 struct LlamaLayerWeights {
   ref::DenseMatrix input_norm;      // [1, hidden]
@@ -57,12 +66,21 @@ enum class LogitsMode {
 // against Hugging Face hidden states while debugging.
 using TensorObserver = std::function<void(const std::string& name, const float* data, int64_t rows, int64_t cols)>;
 
+struct ModelLoadOptions {
+  // Dequantize GPTQ weights to float32 once at load instead of on every matmul. The values are identical
+  // (the reference kernel dequantizes the same way); memory grows to 4 bytes per weight, so this is for
+  // small models, e.g. validate on tiny checkpoints.
+  bool dequantize_weights = false;
+};
+
 class LlamaModel {
  public:
   // Loads DIR/config.json and the safetensors of DIR; every tensor is checked for presence, shape and dtype.
-  static Result<std::unique_ptr<LlamaModel>> load(const std::filesystem::path& dir);
+  static Result<std::unique_ptr<LlamaModel>> load(const std::filesystem::path& dir, const ModelLoadOptions& options = {});
 
   const LlamaConfig& config() const { return config_; }
+  const LlamaWeights& weights() const { return weights_; }
+  bool is_quantized() const { return config_.quantization.has_value(); }
   const SafetensorsCheckpoint& checkpoint() const { return checkpoint_; }
 
   // A cache for `context_length` positions (at most max_position_embeddings).
@@ -82,12 +100,14 @@ class LlamaModel {
  private:
   LlamaModel() = default;
   Status bind_weights();
+  void dequantize_weights();
 
   LlamaConfig config_;
   SafetensorsCheckpoint checkpoint_;
   LlamaWeights weights_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   TensorObserver observer_;
+  std::vector<std::vector<float>> owned_;  // dequantized copies, when asked for
 };
 
 }  // namespace petrel

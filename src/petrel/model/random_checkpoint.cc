@@ -111,6 +111,10 @@ Status write_random_checkpoint(const fs::path& out_dir, const RandomCheckpointOp
     if (*options.num_layers <= 0) return invalid_argument("--layers must be positive");
     config_json["num_hidden_layers"] = *options.num_layers;
   }
+  if (!options.config_overrides.is_object()) return invalid_argument("config overrides must be a JSON object");
+  for (auto it = options.config_overrides.begin(); it != options.config_overrides.end(); ++it) {
+    config_json[it.key()] = it.value();
+  }
   PETREL_ASSIGN_OR_RETURN(LlamaConfig c, parse_llama_config(nlohmann::json::parse(config_json.dump()), options.preset));
 
   std::error_code ec;

@@ -28,6 +28,8 @@ struct RandomCheckpointOptions {
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default "5GB"
   std::optional<std::filesystem::path> tokenizer_dir;  // tokenizer files to copy alongside, if given
   bool overwrite = false;
+  // Keys merged into the preset's config.json (e.g. {"hidden_size": 256} for a small test model).
+  nlohmann::ordered_json config_overrides = nlohmann::ordered_json::object();
 };
 
 // progress(bytes_done, bytes_total) is called as data is written.

@@ -67,6 +67,15 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
+void MappedFile::release(const void* ptr, size_t size) const {
+  const uint8_t* p = static_cast<const uint8_t*>(ptr);
+  if (!data_ || p < data_ || p + size > data_ + size_) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(p + size);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

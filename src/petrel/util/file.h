@@ -27,6 +27,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::filesystem::path& path() const { return path_; }
+  // Drops the pages of [ptr, ptr + size) from this process (madvise DONTNEED): they stay in the page cache
+  // but stop counting towards RSS. For streaming a large file once in bounded memory.
+  void release(const void* ptr, size_t size) const;
 
  private:
   const uint8_t* data_ = nullptr;

@@ -58,9 +58,7 @@ void matmul(const float* x, int64_t n_rows, const DenseMatrix& w, float* y) {
           w.row_to_f32(o, row.data());  // widen once, use for every token
           for (int64_t t = 0; t < n_rows; ++t) {
             const float* xt = x + t * in;
-            float acc = 0.0f;
-            for (int64_t i = 0; i < in; ++i) acc += xt[i] * row[i];
-            y[t * out + o] = acc;
+            y[t * out + o] = dot(xt, row.data(), in);
           }
         }
       },
@@ -98,9 +96,7 @@ void attention(const float* q, const float* keys, const float* values, int64_t n
       scores.resize(n_keys);
       for (int64_t k = 0; k < n_keys; ++k) {
         const float* kv = keys + k * kv_stride + kv_head * head_dim;
-        float dot = 0.0f;
-        for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kv[i];
-        scores[k] = dot * scale;
+        scores[k] = dot(qv, kv, head_dim) * scale;
       }
       softmax(scores.data(), n_keys);
       float* o = out + (r * n_heads + h) * head_dim;
@@ -122,6 +118,15 @@ void add_in_place(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+float dot(const float* a, const float* b, int64_t n) {
+  float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) partial[j] += a[i + j] * b[i + j];
+  for (; i < n; ++i) partial[i % 8] += a[i] * b[i];
+  return ((partial[0] + partial[4]) + (partial[1] + partial[5])) + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
+}
+
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   const float max_value = *std::max_element(x, x + n);
@@ -132,6 +137,65 @@ void softmax(float* x, int64_t n) {
   }
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace petrel::ref
+
+namespace petrel::ref {
+
+int GptqMatrix::code(int64_t r, int64_t c) const {
+  const int per_word = 32 / bits;
+  const uint32_t word = static_cast<uint32_t>(qweight[(c / per_word) * rows + r]);
+  return static_cast<int>((word >> (bits * (c % per_word))) & ((1u << bits) - 1));
+}
+
+int GptqMatrix::zero(int64_t g, int64_t r) const {
+  const int per_word = 32 / bits;
+  const int64_t words_per_group = rows * bits / 32;
+  const uint32_t word = static_cast<uint32_t>(qzeros[g * words_per_group + r / per_word]);
+  return static_cast<int>((word >> (bits * (r % per_word))) & ((1u << bits) - 1)) + zero_offset;
+}
+
+float GptqMatrix::at(int64_t r, int64_t c) const {
+  const int g = group_of(c);
+  return scale(g, r) * static_cast<float>(code(r, c) - zero(g, r));
+}
+
+void GptqMatrix::row_to_f32(int64_t r, float* out) const {
+  if (g_idx) {  // act-order: groups are scattered over the columns
+    for (int64_t c = 0; c < cols; ++c) out[c] = at(r, c);
+    return;
+  }
+  const int per_word = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  for (int64_t g = 0; g < n_groups(); ++g) {
+    const float s = scale(g, r);
+    const int z = zero(g, r);
+    const int64_t c_end = std::min(cols, (g + 1) * group_size);
+    for (int64_t c = g * group_size; c < c_end; c += per_word) {
+      const uint32_t word = static_cast<uint32_t>(qweight[(c / per_word) * rows + r]);
+      for (int k = 0; k < per_word; ++k) {
+        out[c + k] = s * static_cast<float>(static_cast<int>((word >> (bits * k)) & mask) - z);
+      }
+    }
+  }
+}
+
+void matmul(const float* x, int64_t n_rows, const GptqMatrix& w, float* y) {
+  const int64_t in = w.cols, out = w.rows;
+  ThreadPool::global().parallel_for(
+      out,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> row(in);
+        for (int64_t o = begin; o < end; ++o) {
+          w.row_to_f32(o, row.data());
+          for (int64_t t = 0; t < n_rows; ++t) {
+            const float* xt = x + t * in;
+            y[t * out + o] = dot(xt, row.data(), in);
+          }
+        }
+      },
+      /*min_block=*/16);
 }
 
 }  // namespace petrel::ref

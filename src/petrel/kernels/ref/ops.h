@@ -55,7 +55,48 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // x[i] += y[i].
 void add_in_place(float* x, const float* y, int64_t n);
 
+// sum_i a[i] * b[i] in float32, with eight interleaved partial sums (a fixed order, so results are
+// reproducible; the independent sums let the compiler vectorize the loop).
+float dot(const float* a, const float* b, int64_t n);
+
 // Numerically stable softmax of x[n] in place.
 void softmax(float* x, int64_t n);
+
+}  // namespace petrel::ref
+
+namespace petrel::ref {
+
+// A weight matrix quantized in the GPTQ convention (the layout vLLM, transformers and GPTQModel load),
+// viewed in place. For a linear layer with `rows` = out_features and `cols` = in_features:
+//   qweight  int32 [cols * bits / 32, rows]: 32/bits codes per word packed along the INPUT dimension,
+//            code k of a word in bits k*bits .. k*bits + bits - 1
+//   scales   fp16  [n_groups, rows]
+//   qzeros   int32 [n_groups, rows * bits / 32]: zero points packed along the OUTPUT dimension
+//   g_idx    int32 [cols] or null: the group of each input column (null: column / group_size)
+// Dequantized weight (r, c) = scale[g, r] * (code(r, c) - zero(g, r)), where the stored zero is the real
+// zero minus one in GPTQ's classic v1 format (`zero_offset` = 1) and the real zero in gptq_v2 (0).
+struct GptqMatrix {
+  int bits = 4;  // 4 or 8
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t group_size = 0;  // cols for per-channel (GPTQ's group_size -1)
+  int zero_offset = 1;
+  const int32_t* qweight = nullptr;
+  const uint16_t* scales = nullptr;
+  const int32_t* qzeros = nullptr;
+  const int32_t* g_idx = nullptr;
+
+  int64_t n_groups() const { return (cols + group_size - 1) / group_size; }
+  int group_of(int64_t c) const { return g_idx ? g_idx[c] : static_cast<int>(c / group_size); }
+  int code(int64_t r, int64_t c) const;
+  int zero(int64_t g, int64_t r) const;
+  float scale(int64_t g, int64_t r) const { return f16_to_f32(scales[g * rows + r]); }
+  float at(int64_t r, int64_t c) const;
+  // Row r dequantized to float32 into out[cols].
+  void row_to_f32(int64_t r, float* out) const;
+};
+
+// y[n_rows, w.rows] = x[n_rows, w.cols] * dequant(w)^T, dequantizing on the fly.
+void matmul(const float* x, int64_t n_rows, const GptqMatrix& w, float* y);
 
 }  // namespace petrel::ref

@@ -1,0 +1,111 @@
+#include "petrel/eval/validate.h"
+
+#include <cstdio>
+
+namespace petrel::eval {
+
+nlohmann::ordered_json ValidateThresholds::to_json() const {
+  return {{"max_kl_mean", max_kl_mean}, {"min_top1", min_top1}, {"max_path_kl_mean", max_path_kl_mean},
+          {"min_path_top1", min_path_top1}};
+}
+
+nlohmann::ordered_json ValidateReport::to_json() const {
+  nlohmann::ordered_json j;
+  j["passed"] = passed();
+  j["failures"] = failures;
+  j["windows"] = windows;
+  j["prompt_processor"] = prompt_processor.to_json();
+  j["token_generator"] = token_generator.to_json();
+  j["paths_agreement"] = paths.to_json();
+  j["thresholds"] = thresholds.to_json();
+  return j;
+}
+
+namespace {
+
+// All logits of a window through one path.
+Status window_logits(const LlamaModel& model, std::span<const int32_t> window, bool token_generator,
+                     int64_t chunk_size, std::vector<float>* logits) {
+  PETREL_ASSIGN_OR_RETURN(KvCache cache, model.new_cache(static_cast<int64_t>(window.size())));
+  if (!token_generator) return model.process_prompt(window, cache, chunk_size, LogitsMode::kAll, logits);
+  logits->clear();
+  std::vector<float> step;
+  for (size_t i = 0; i < window.size(); ++i) {
+    PETREL_RETURN_IF_ERROR(model.forward(window.subspan(i, 1), cache, LogitsMode::kLast, &step));
+    logits->insert(logits->end(), step.begin(), step.end());
+  }
+  return ok_status();
+}
+
+std::string fmt(const char* format, double a, double b) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, format, a, b);
+  return buf;
+}
+
+}  // namespace
+
+Result<ValidateReport> validate_paths(const LlamaModel& quantized, const LlamaModel& reference,
+                                      const std::vector<int32_t>& tokens, int32_t bos, const ValidateOptions& options,
+                                      const std::function<void(int64_t, int64_t)>& progress) {
+  const int64_t vocab = reference.config().vocab_size;
+  if (quantized.config().vocab_size != vocab) {
+    return invalid_argument("the quantized model's vocabulary (" + std::to_string(quantized.config().vocab_size) +
+                            ") differs from the reference's (" + std::to_string(vocab) + ")");
+  }
+  const int64_t w = options.window;
+  if (w < 4 || w > reference.config().max_position_embeddings) {
+    return invalid_argument("window " + std::to_string(w) + " must be in [4, max_position_embeddings]");
+  }
+  int64_t n_windows = static_cast<int64_t>(tokens.size()) / w;
+  if (options.max_windows >= 0) n_windows = std::min(n_windows, options.max_windows);
+  if (n_windows == 0) {
+    return invalid_argument("the text has " + std::to_string(tokens.size()) + " tokens, fewer than one window of " +
+                            std::to_string(w));
+  }
+  FidelityAccumulator pp, tg, paths;
+  std::vector<float> ref_logits, pp_logits, tg_logits;
+  for (int64_t k = 0; k < n_windows; ++k) {
+    std::vector<int32_t> window(tokens.begin() + k * w, tokens.begin() + (k + 1) * w);
+    window[0] = bos;
+    PETREL_RETURN_IF_ERROR(window_logits(reference, window, false, options.chunk_size, &ref_logits));
+    PETREL_RETURN_IF_ERROR(window_logits(quantized, window, false, options.chunk_size, &pp_logits));
+    PETREL_RETURN_IF_ERROR(window_logits(quantized, window, true, options.chunk_size, &tg_logits));
+    for (int64_t i = w / 2; i < w - 1; ++i) {
+      std::span<const float> r(ref_logits.data() + i * vocab, vocab), p(pp_logits.data() + i * vocab, vocab),
+          t(tg_logits.data() + i * vocab, vocab);
+      pp.add(r, p, window[i + 1]);
+      tg.add(r, t, window[i + 1]);
+      paths.add(p, t, window[i + 1]);
+    }
+    if (progress) progress(k + 1, n_windows);
+  }
+  ValidateReport report;
+  report.windows = n_windows;
+  report.prompt_processor = pp.summary();
+  report.token_generator = tg.summary();
+  report.paths = paths.summary();
+  report.thresholds = options.thresholds;
+  const ValidateThresholds& th = options.thresholds;
+  for (auto [name, s] : {std::pair<const char*, const FidelitySummary*>{"prompt processor", &report.prompt_processor},
+                         {"token generator", &report.token_generator}}) {
+    if (!(s->kl_mean <= th.max_kl_mean)) {
+      report.failures.push_back(std::string(name) + fmt(": mean KL divergence to the float model %.4g exceeds %.4g", s->kl_mean, th.max_kl_mean));
+    }
+    if (!(s->top1_agreement >= th.min_top1)) {
+      report.failures.push_back(std::string(name) + fmt(": top-1 agreement with the float model %.4f is below %.4f",
+                                                        s->top1_agreement, th.min_top1));
+    }
+  }
+  if (!(report.paths.kl_mean <= th.max_path_kl_mean)) {
+    report.failures.push_back(fmt("the prompt processor and token generator disagree: mean KL %.4g exceeds %.4g", report.paths.kl_mean,
+                                  th.max_path_kl_mean));
+  }
+  if (!(report.paths.top1_agreement >= th.min_path_top1)) {
+    report.failures.push_back(fmt("the prompt processor and token generator disagree: top-1 agreement %.4f is below %.4f",
+                                  report.paths.top1_agreement, th.min_path_top1));
+  }
+  return report;
+}
+
+}  // namespace petrel::eval

@@ -1,0 +1,55 @@
+// `petrel validate`: a quantized model against its float reference on held-out text, through both deployment
+// paths: the prompt processor (chunks of 128 tokens) and the token generator (one token at a time).
+//
+// Protocol (llama-perplexity's, so numbers compare with llama.cpp's): tokenize the text once with BOS, cut it
+// into consecutive windows of `window` tokens, put BOS first in each, and score positions window/2 ...
+// window-2 (each predicting the next token). Per path: KL divergence (float || quantized), top-1 agreement
+// and perplexity; and the two paths of the quantized model against each other, which must agree within float
+// tolerance (a broken deployment graph shows up there even when the quantizer "succeeded").
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "petrel/eval/fidelity.h"
+#include "petrel/model/llama.h"
+#include "petrel/util/status.h"
+
+namespace petrel::eval {
+
+struct ValidateThresholds {
+  double max_kl_mean = 0.1;         // quantized vs float, each path
+  double min_top1 = 0.75;           // quantized vs float, each path
+  double max_path_kl_mean = 1e-4;   // prompt processor vs token generator of the quantized model
+  double min_path_top1 = 0.99;
+  nlohmann::ordered_json to_json() const;
+};
+
+struct ValidateOptions {
+  int64_t window = 256;
+  int64_t chunk_size = 128;
+  int64_t max_windows = -1;  // -1: the whole text
+  ValidateThresholds thresholds;
+};
+
+struct ValidateReport {
+  int64_t windows = 0;
+  FidelitySummary prompt_processor;  // quantized PP vs float
+  FidelitySummary token_generator;   // quantized TG vs float
+  FidelitySummary paths;             // quantized TG vs quantized PP
+  ValidateThresholds thresholds;
+  std::vector<std::string> failures;  // empty when passed
+  bool passed() const { return failures.empty(); }
+  nlohmann::ordered_json to_json() const;
+};
+
+// `tokens` is the tokenized text with BOS first. progress(windows_done, windows_total) may be empty.
+Result<ValidateReport> validate_paths(const LlamaModel& quantized, const LlamaModel& reference,
+                                      const std::vector<int32_t>& tokens, int32_t bos, const ValidateOptions& options,
+                                      const std::function<void(int64_t, int64_t)>& progress = {});
+
+}  // namespace petrel::eval

@@ -1,0 +1,112 @@
+// The CLI contracts later checks rely on, exercised through the real binary.
+#include <gtest/gtest.h>
+
+#include "petrel/io/npy.h"
+#include "petrel/io/safetensors.h"
+#include "petrel/model/llama.h"
+#include "test_util.h"
+
+namespace petrel {
+namespace {
+
+using testing::cli_path;
+using testing::data_dir;
+using testing::run_command;
+using testing::TempDir;
+
+std::string cli() { return cli_path().string(); }
+
+TEST(Cli, LogitsMatchTransformersThroughBothPaths) {
+  TempDir dir("cli_logits");
+  const auto tokens = data_dir() / "parity/gqa_llama3.tokens.txt";
+  auto expected = read_npy(data_dir() / "parity/gqa_llama3.logits.npy");
+  ASSERT_TRUE(expected.ok());
+  for (std::string extra : {"", " --token-generator"}) {
+    const auto out = dir / "logits.npy";
+    auto r = run_command(cli() + " logits --model " + (data_dir() / "parity/gqa_llama3").string() +
+                         " --tokens-file " + tokens.string() + " --out " + out.string() + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto got = read_npy(out);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    ASSERT_EQ(got->shape, expected->shape);
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < got->num_elements(); ++i) {
+      const double d = got->f32()[i] - expected->f32()[i];
+      diff += d * d;
+      norm += double(expected->f32()[i]) * expected->f32()[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-4) << extra;
+  }
+}
+
+TEST(Cli, GeneratePrintsIdsOnOneLine) {
+  auto r = run_command(cli() + " generate --model " + (data_dir() / "models/aidreams260k").string() +
+                       " --tokens 1 -n 128 --greedy --print-ids", /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto expected = testing::read_ids(data_dir() / "models/aidreams260k/aidreams260K_greedy_n128.expected_ids.txt");
+  std::string want;
+  for (size_t i = 0; i < expected.size(); ++i) want += (i ? " " : "") + std::to_string(expected[i]);
+  EXPECT_EQ(r.output, want + "\n");
+}
+
+TEST(Cli, ErrorsAreOneClearLineWithNonZeroExit) {
+  auto r = run_command(cli() + " generate --model /nonexistent --tokens 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("petrel generate: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent"), std::string::npos) << r.output;
+  r = run_command(cli() + " generate --model " + (data_dir() / "models/aidreams260k").string() + " --tokens 1,x");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("'x'"), std::string::npos) << r.output;
+  r = run_command(cli() + " generate --model " + (data_dir() / "models/aidreams260k").string() + " --tokens 1,9999");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("9999"), std::string::npos) << r.output;
+}
+
+TEST(Cli, InspectShowsArchitecture) {
+  auto r = run_command(cli() + " inspect " + (data_dir() / "models/tiny-llama31").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("6 layers, hidden 256"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("8 query heads, 2 KV heads, head_dim 32"), std::string::npos);
+  EXPECT_NE(r.output.find("llama3"), std::string::npos);
+  EXPECT_NE(r.output.find("BF16 6622464"), std::string::npos);
+}
+
+TEST(Cli, MakeRandomWritesALoadableShardedCheckpoint) {
+  TempDir dir("cli_random");
+  const auto out = dir / "ckpt";
+  auto r = run_command(cli() + " make-random --preset llama-3.1-8b --layers 2 --out " + out.string() +
+                       " --max-shard-gb 0.00005 --set '{\"hidden_size\": 64, \"intermediate_size\": 128, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 300}'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out / "model.safetensors.index.json"));
+  auto model = LlamaModel::load(out);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_EQ((*model)->config().eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ((*model)->config().rope.original_max_position_embeddings, 8192);
+  // Deterministic for a seed: a second run writes the same bytes.
+  const auto out2 = dir / "ckpt2";
+  r = run_command(cli() + " make-random --preset llama-3.1-8b --layers 2 --out " + out2.string() +
+                  " --max-shard-gb 0.00005 --set '{\"hidden_size\": 64, \"intermediate_size\": 128, "
+                  "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 300}'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto a = SafetensorsCheckpoint::open(out), b = SafetensorsCheckpoint::open(out2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const auto& name : a->tensor_names()) {
+    auto ta = a->tensor(name), tb = b->tensor(name);
+    ASSERT_TRUE(ta.ok() && tb.ok());
+    EXPECT_EQ(std::memcmp(ta->data, tb->data, ta->num_bytes), 0) << name;
+  }
+  // Refuses to overwrite without --force, and leaves no temporary directory behind.
+  r = run_command(cli() + " make-random --preset llama-3.2-1b --out " + out.string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("already exists"), std::string::npos);
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  r = run_command(cli() + " make-random --preset llama-9-huge --out " + (dir / "x").string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("known presets"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace petrel

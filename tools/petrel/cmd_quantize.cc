@@ -1,0 +1,102 @@
+// petrel quantize: a float HF checkpoint to a W4A16 GPTQ-convention checkpoint.
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "petrel/quant/quantize_checkpoint.h"
+#include "petrel/util/parallel.h"
+#include "petrel/util/progress.h"
+
+namespace petrel::cli {
+
+namespace {
+
+struct QuantizeFlags {
+  std::string checkpoint, out, method = "gptq";
+  int bits = 4;
+  int64_t group_size = -1;
+  bool asym = false;
+  bool no_clip_search = false;
+  int lm_head_bits = 8;
+  std::vector<std::string> calib;
+  double calib_fraction = 0.9;
+  int64_t num_samples = 128;
+  int64_t calib_seq_len = 256;
+  uint64_t seed = 0;
+  double damp = 0.01;
+  double max_shard_gb = 5.0;
+  bool force = false;
+  bool quiet = false;
+  int threads = 0;
+  int64_t max_layers = -1;
+};
+
+int run_quantize(const QuantizeFlags& f) {
+  ThreadPool::set_global_threads(f.threads);
+  quant::QuantizeOptions o;
+  if (f.method == "gptq") o.method = quant::QuantMethod::kGptq;
+  else if (f.method == "rtn") o.method = quant::QuantMethod::kRtn;
+  else return report_error("quantize", invalid_argument("--method must be gptq or rtn, got '" + f.method + "'"));
+  o.scheme.bits = f.bits;
+  o.scheme.group_size = f.group_size;
+  o.scheme.symmetric = !f.asym;
+  o.scheme.clip_search = !f.no_clip_search;
+  if (f.lm_head_bits == 16) {
+    o.quantize_lm_head = false;
+  } else {
+    o.lm_head_scheme.bits = f.lm_head_bits;
+    o.lm_head_scheme.clip_search = !f.no_clip_search;
+  }
+  if (f.calib.empty()) o.calibration.files = {PETREL_DEFAULT_CORPUS};
+  else o.calibration.files.assign(f.calib.begin(), f.calib.end());
+  o.calibration.fraction = f.calib_fraction;
+  o.calibration.num_samples = f.num_samples;
+  o.calibration.seq_len = f.calib_seq_len;
+  o.calibration.seed = f.seed;
+  o.gptq.damp_percent = f.damp;
+  o.max_shard_bytes = static_cast<uint64_t>(f.max_shard_gb * 1e9);
+  o.overwrite = f.force;
+  o.show_progress = !f.quiet;
+  o.max_layers = f.max_layers;
+  std::fprintf(stderr, "quantize: %s, %s, LM head %s\n", quant::method_name(o.method), o.scheme.to_string().c_str(),
+               o.quantize_lm_head ? o.lm_head_scheme.to_string().c_str() : "unquantized");
+  quant::QuantizeReport report;
+  Status s = quant::quantize_checkpoint(f.checkpoint, f.out, o, &report);
+  if (!s.ok()) return report_error("quantize", s);
+  std::fprintf(stderr, "quantize: %lld layers in %s (%.2f s/layer), %lld calibration tokens, %.1f MB written\n",
+               static_cast<long long>(report.layers_done), format_duration(report.seconds).c_str(),
+               report.seconds_per_layer, static_cast<long long>(report.calibration_tokens), report.output_bytes / 1e6);
+  return 0;
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app, CliContext& ctx) {
+  auto f = std::make_shared<QuantizeFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "quantize",
+      "Quantize a Hugging Face checkpoint to W4A16 (GPTQ safetensors): 4-bit weights per output channel or per\n"
+      "group, RTN or GPTQ with calibration text, LM head 8-bit per channel. Streams layer by layer.");
+  cmd->add_option("--checkpoint", f->checkpoint, "Float checkpoint directory (bf16/f16/f32 safetensors)")->required();
+  cmd->add_option("--out", f->out, "Output directory (written to a temporary name, renamed when complete)")->required();
+  cmd->add_option("--method", f->method, "gptq (calibrated) or rtn (round to nearest)")->capture_default_str();
+  cmd->add_option("--bits", f->bits, "Bits of the decoder linear weights (4 or 8)")->capture_default_str();
+  cmd->add_option("--group-size", f->group_size, "-1: per output channel (Qualcomm's W4A16); else 32, 64, 128")->capture_default_str();
+  cmd->add_flag("--asym", f->asym, "Asymmetric (zero point per group) instead of symmetric");
+  cmd->add_flag("--no-clip-search", f->no_clip_search, "Use plain min/max ranges instead of the error-minimising clip search");
+  cmd->add_option("--lm-head-bits", f->lm_head_bits, "LM head: 8 (per channel) or 16 (left unquantized)")->capture_default_str();
+  cmd->add_option("--calib", f->calib, "Calibration text files (default: the WikiText-2 corpus shipped in the repo)");
+  cmd->add_option("--calib-fraction", f->calib_fraction, "Use only the first fraction of each calibration file")->capture_default_str();
+  cmd->add_option("--num-samples", f->num_samples, "Calibration samples")->capture_default_str();
+  cmd->add_option("--calib-seq-len", f->calib_seq_len, "Tokens per calibration sample")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "Seed of the calibration sample offsets")->capture_default_str();
+  cmd->add_option("--damp", f->damp, "GPTQ damping, as a fraction of the mean Hessian diagonal")->capture_default_str();
+  cmd->add_option("--max-shard-gb", f->max_shard_gb, "Largest output shard, in GB")->capture_default_str();
+  cmd->add_flag("--force", f->force, "Replace the output directory if it exists");
+  cmd->add_flag("-q,--quiet", f->quiet, "No progress bar");
+  cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores")->capture_default_str();
+  cmd->add_option("--max-layers", f->max_layers, "Timing runs: quantize only the first N layers, write nothing");
+  cmd->callback([f, &ctx] { ctx.exit_code = run_quantize(*f); });
+}
+
+}  // namespace petrel::cli
