@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "petrel/io/bundle.h"
 #include "petrel/io/hf_config.h"
 #include "petrel/io/safetensors.h"
 
@@ -20,7 +21,38 @@ std::string human_bytes(uint64_t bytes) {
   return buf;
 }
 
+// A bundle: its dialog config, parts, sizes and checksum status (every part is checked, not only the first
+// bad one).
+int run_inspect_bundle(const std::string& path) {
+  auto summary = inspect_bundle(path);
+  if (!summary.ok()) return report_error("inspect", summary.status());
+  std::printf("bundle:          %s\n", summary->dir.c_str());
+  if (summary->config) {
+    const BundleConfig& c = *summary->config;
+    std::printf("backend:         %s\n", bundle_backend_name(c.backend));
+    std::printf("context:         %lld tokens, vocabulary %lld\n", (long long)c.context.size, (long long)c.context.n_vocab);
+    std::printf("architecture:    %lld layers, hidden %lld, %lld/%lld heads, head_dim %lld, FFN %lld\n",
+                (long long)c.architecture.n_layers, (long long)c.architecture.hidden_size, (long long)c.architecture.n_heads,
+                (long long)c.architecture.n_kv_heads, (long long)c.architecture.head_dim, (long long)c.architecture.ffn_size);
+  } else {
+    std::printf("config:          UNREADABLE: %s\n", summary->config_error.c_str());
+  }
+  std::printf("parts:\n");
+  for (const auto& p : summary->parts) {
+    std::printf("  %-20s %10s  %4zu tensors  checksum %s%s%s\n", p.name.c_str(), human_bytes(p.file_size).c_str(),
+                p.tensor_count, checksum_status_name(p.checksum), p.error.empty() ? "" : ": ", p.error.c_str());
+  }
+  std::printf("total:           %s in %zu tensors\n", human_bytes(summary->total_bytes()).c_str(), summary->total_tensors());
+  for (const auto& problem : summary->problems) std::printf("problem:         %s\n", problem.c_str());
+  if (!summary->ok()) {
+    std::fprintf(stderr, "petrel inspect: error: invalid data: the bundle has problems (see above)\n");
+    return 3;
+  }
+  return 0;
+}
+
 int run_inspect(const std::string& dir) {
+  if (is_bundle_path(dir)) return run_inspect_bundle(dir);
   auto config = load_llama_config(dir);
   if (!config.ok()) return report_error("inspect", config.status());
   auto ckpt = SafetensorsCheckpoint::open(dir);
@@ -68,8 +100,8 @@ int run_inspect(const std::string& dir) {
 
 void add_inspect_command(CLI::App& app, CliContext& ctx) {
   auto dir = std::make_shared<std::string>();
-  CLI::App* cmd = app.add_subcommand("inspect", "Show what a checkpoint holds: architecture, parameters, dtypes, files");
-  cmd->add_option("path", *dir, "Checkpoint directory")->required();
+  CLI::App* cmd = app.add_subcommand("inspect", "Show what a checkpoint or bundle holds: architecture, parameters, dtypes, files; checks bundle checksums");
+  cmd->add_option("path", *dir, "Checkpoint directory, bundle directory or BUNDLE/config.json")->required();
   cmd->callback([dir, &ctx] { ctx.exit_code = run_inspect(*dir); });
 }
 

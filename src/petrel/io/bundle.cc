@@ -1,10 +1,22 @@
 #include "petrel/io/bundle.h"
 
+#include "petrel/util/file.h"
+
 #include <algorithm>
 #include <set>
 #include <tuple>
 
 namespace petrel {
+
+bool is_bundle_path(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::path config = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
+  auto text = read_text_file(config);
+  if (!text.ok()) return false;
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  return j.is_object() && j.contains("dialog") && j["dialog"].is_object();
+}
+
 
 namespace fs = std::filesystem;
 

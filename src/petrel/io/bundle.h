@@ -20,6 +20,14 @@ namespace petrel {
 
 class ThreadPool;
 
+// The Hugging Face config.json of the exported model, kept in the bundle so that the runtime parses exactly
+// the config the checkpoint had (quantization_config included).
+inline constexpr const char* kBundleModelConfig = "model_config.json";
+
+// True when `path` is a bundle directory or a bundle's config.json (a config with a "dialog" object), as
+// opposed to a Hugging Face checkpoint directory.
+bool is_bundle_path(const std::filesystem::path& path);
+
 class Bundle {
  public:
   // `config_json_or_dir`: BUNDLE/config.json or BUNDLE. Opens every ctx-bin in order and checks that part i

@@ -233,6 +233,13 @@ Result<LlamaConfig> parse_llama_config(const json& j, const std::string& source)
   return c;
 }
 
+Result<LlamaConfig> load_llama_config_file(const fs::path& path) {
+  PETREL_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return invalid_data(path.string() + ": not valid JSON");
+  return parse_llama_config(j, path.string());
+}
+
 Result<LlamaConfig> load_llama_config(const fs::path& dir) {
   const fs::path path = dir / "config.json";
   PETREL_ASSIGN_OR_RETURN(std::string text, read_text_file(path));

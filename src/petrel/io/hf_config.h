@@ -71,5 +71,7 @@ struct LlamaConfig {
 Result<LlamaConfig> parse_llama_config(const nlohmann::json& config, const std::string& source);
 // Reads DIR/config.json and, when present, DIR/generation_config.json (extra EOS ids).
 Result<LlamaConfig> load_llama_config(const std::filesystem::path& dir);
+// Reads one config.json-format file (no generation_config.json), e.g. a bundle's model_config.json.
+Result<LlamaConfig> load_llama_config_file(const std::filesystem::path& file);
 
 }  // namespace petrel

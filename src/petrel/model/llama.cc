@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "petrel/io/bundle.h"
 #include "petrel/model/rope.h"
 
 namespace petrel {
@@ -10,11 +11,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-Result<ref::DenseMatrix> dense_from(const SafetensorsCheckpoint& ckpt, const std::string& name,
+Result<ref::DenseMatrix> dense_from(const TensorSource& ckpt, const std::string& name,
                                     std::vector<int64_t> shape) {
   PETREL_ASSIGN_OR_RETURN(TensorView view, ckpt.tensor(name, shape));
   if (view.dtype != DType::kF32 && view.dtype != DType::kF16 && view.dtype != DType::kBF16) {
-    return unsupported(ckpt.dir().string() + ": tensor '" + name + "' has dtype " +
+    return unsupported(ckpt.describe() + ": tensor '" + name + "' has dtype " +
                        std::string(dtype_name(view.dtype)) + "; the float model needs F32, F16 or BF16");
   }
   ref::DenseMatrix m;
@@ -25,20 +26,20 @@ Result<ref::DenseMatrix> dense_from(const SafetensorsCheckpoint& ckpt, const std
   return m;
 }
 
-Result<TensorView> typed_tensor(const SafetensorsCheckpoint& ckpt, const std::string& name, DType dtype,
+Result<TensorView> typed_tensor(const TensorSource& ckpt, const std::string& name, DType dtype,
                                 std::vector<int64_t> shape) {
   PETREL_ASSIGN_OR_RETURN(TensorView view, ckpt.tensor(name, shape));
   if (view.dtype != dtype) {
-    return invalid_data(ckpt.dir().string() + ": tensor '" + name + "' has dtype " + std::string(dtype_name(view.dtype)) +
+    return invalid_data(ckpt.describe() + ": tensor '" + name + "' has dtype " + std::string(dtype_name(view.dtype)) +
                         ", expected " + std::string(dtype_name(dtype)));
   }
   return view;
 }
 
 // A GPTQ linear: bits and group size follow from the tensor shapes and are checked against the config.
-Result<LinearWeight> gptq_linear_from(const SafetensorsCheckpoint& ckpt, const GptqConfig& q, const std::string& name,
+Result<LinearWeight> gptq_linear_from(const TensorSource& ckpt, const GptqConfig& q, const std::string& name,
                                       int64_t out_features, int64_t in_features) {
-  const std::string where = ckpt.dir().string() + ": " + name;
+  const std::string where = ckpt.describe() + ": " + name;
   PETREL_ASSIGN_OR_RETURN(TensorView qweight, ckpt.tensor(name + ".qweight"));
   if (qweight.dtype != DType::kI32 || qweight.shape.size() != 2 || qweight.shape[1] != out_features ||
       (qweight.shape[0] * 32) % in_features != 0) {
@@ -85,7 +86,7 @@ Result<LinearWeight> gptq_linear_from(const SafetensorsCheckpoint& ckpt, const G
   return w;
 }
 
-Result<LinearWeight> linear_from(const SafetensorsCheckpoint& ckpt, const LlamaConfig& config, const std::string& name,
+Result<LinearWeight> linear_from(const TensorSource& ckpt, const LlamaConfig& config, const std::string& name,
                                  int64_t out_features, int64_t in_features) {
   if (config.quantization && ckpt.has(name + ".qweight")) {
     return gptq_linear_from(ckpt, *config.quantization, name, out_features, in_features);
@@ -105,10 +106,22 @@ void linear_forward(const float* x, int64_t n_rows, const LinearWeight& w, float
   else ref::matmul(x, n_rows, w.dense, y);
 }
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const fs::path& dir, const ModelLoadOptions& options) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const fs::path& path, const ModelLoadOptions& options) {
+  if (is_bundle_path(path)) {
+    PETREL_ASSIGN_OR_RETURN(Bundle bundle, Bundle::open(path));
+    PETREL_ASSIGN_OR_RETURN(LlamaConfig config, load_llama_config_file(bundle.config().bundle_dir / kBundleModelConfig));
+    return from_source(std::move(config), make_tensor_source(std::make_unique<Bundle>(std::move(bundle))), options);
+  }
+  PETREL_ASSIGN_OR_RETURN(LlamaConfig config, load_llama_config(path));
+  PETREL_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(path));
+  return from_source(std::move(config), make_tensor_source(std::move(ckpt)), options);
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::from_source(LlamaConfig config, std::unique_ptr<TensorSource> source,
+                                                            const ModelLoadOptions& options) {
   std::unique_ptr<LlamaModel> model(new LlamaModel());
-  PETREL_ASSIGN_OR_RETURN(model->config_, load_llama_config(dir));
-  PETREL_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
+  model->config_ = std::move(config);
+  model->source_ = std::move(source);
   PETREL_RETURN_IF_ERROR(model->bind_weights());
   model->inv_freq_ = rope_inverse_frequencies(model->config_.rope, model->config_.head_dim);
   if (options.dequantize_weights) model->dequantize_weights();
@@ -132,7 +145,7 @@ void LlamaModel::dequantize_weights() {
 
 Status LlamaModel::bind_weights() {
   const LlamaConfig& c = config_;
-  const SafetensorsCheckpoint& ck = checkpoint_;
+  const TensorSource& ck = *source_;
   const int64_t h = c.hidden_size;
   PETREL_ASSIGN_OR_RETURN(weights_.embed_tokens, dense_from(ck, "model.embed_tokens.weight", {c.vocab_size, h}));
   weights_.layers.resize(c.num_hidden_layers);

@@ -17,6 +17,7 @@
 
 #include "petrel/io/hf_config.h"
 #include "petrel/io/safetensors.h"
+#include "petrel/io/tensor_source.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/model/kv_cache.h"
 #include "petrel/util/status.h"
@@ -75,13 +76,17 @@ struct ModelLoadOptions {
 
 class LlamaModel {
  public:
-  // Loads DIR/config.json and the safetensors of DIR; every tensor is checked for presence, shape and dtype.
-  static Result<std::unique_ptr<LlamaModel>> load(const std::filesystem::path& dir, const ModelLoadOptions& options = {});
+  // Loads a Hugging Face checkpoint directory (config.json + safetensors, float or GPTQ) or an exported bundle
+  // (BUNDLE or BUNDLE/config.json); every tensor is checked for presence, shape and dtype.
+  static Result<std::unique_ptr<LlamaModel>> load(const std::filesystem::path& path, const ModelLoadOptions& options = {});
+  // Binds an already opened tensor source with its typed config.
+  static Result<std::unique_ptr<LlamaModel>> from_source(LlamaConfig config, std::unique_ptr<TensorSource> source,
+                                                         const ModelLoadOptions& options = {});
 
   const LlamaConfig& config() const { return config_; }
   const LlamaWeights& weights() const { return weights_; }
   bool is_quantized() const { return config_.quantization.has_value(); }
-  const SafetensorsCheckpoint& checkpoint() const { return checkpoint_; }
+  const TensorSource& tensors() const { return *source_; }
 
   // A cache for `context_length` positions (at most max_position_embeddings).
   Result<KvCache> new_cache(int64_t context_length) const;
@@ -103,7 +108,7 @@ class LlamaModel {
   void dequantize_weights();
 
   LlamaConfig config_;
-  SafetensorsCheckpoint checkpoint_;
+  std::unique_ptr<TensorSource> source_;
   LlamaWeights weights_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   TensorObserver observer_;

@@ -8,11 +8,33 @@ namespace petrel::quant {
 
 Result<std::string> read_text_fraction(const std::filesystem::path& path, double fraction, bool head) {
   if (fraction <= 0 || fraction > 1) return invalid_argument("text fraction must be in (0, 1], got " + std::to_string(fraction));
-  PETREL_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  PETREL_ASSIGN_OR_RETURN(std::string raw, read_text_file(path));
+  // Universal newlines, as Python's open() reads text: \r\n and \r become \n.
+  std::string text;
+  text.reserve(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == '\r') {
+      text += '\n';
+      if (i + 1 < raw.size() && raw[i + 1] == '\n') ++i;
+    } else {
+      text += raw[i];
+    }
+  }
   if (fraction >= 1) return head ? text : std::string();
-  size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * fraction);
-  const size_t newline = text.find('\n', cut);
-  cut = newline == std::string::npos ? text.size() : newline + 1;
+  // Cut at code point floor(n * fraction), as Python's text[int(len(text) * fraction):] does.
+  size_t code_points = 0;
+  for (unsigned char ch : text) code_points += (ch & 0xC0) != 0x80;
+  const size_t target = static_cast<size_t>(static_cast<double>(code_points) * fraction);
+  size_t seen = 0, cut = text.size();
+  for (size_t i = 0; i < text.size(); ++i) {
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) {
+      if (seen == target) {
+        cut = i;
+        break;
+      }
+      ++seen;
+    }
+  }
   return head ? text.substr(0, cut) : text.substr(cut);
 }
 

@@ -13,7 +13,7 @@ namespace petrel::quant {
 
 struct CalibrationOptions {
   std::vector<std::filesystem::path> files;
-  // Only the first `fraction` of each file (by bytes, cut at a line end) is used, so that the rest can serve
+  // Only the first `fraction` of each file (by characters) is used, so that the rest can serve
   // as held-out text: the default corpus is WikiText-2's test split, whose last 10% is validation text.
   double fraction = 0.9;
   int64_t num_samples = 128;
@@ -26,8 +26,9 @@ struct CalibrationOptions {
 Result<std::vector<std::vector<int32_t>>> load_calibration_samples(const Tokenizer& tokenizer,
                                                                    const CalibrationOptions& options);
 
-// Reads the first or last part of a text file: [0, fraction) when `head`, else [fraction, 1), cut at a
-// newline so that no line (and no UTF-8 sequence) is split.
+// Reads the first or last part of a text file, with universal newlines, cut by characters exactly as
+// Python's text[:int(len(text) * fraction)] / text[int(len(text) * fraction):] (the protocol DESIGN.md's
+// llama.cpp numbers use).
 Result<std::string> read_text_fraction(const std::filesystem::path& path, double fraction, bool head);
 
 }  // namespace petrel::quant

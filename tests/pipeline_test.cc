@@ -1,0 +1,296 @@
+// quantize -> validate -> export -> load, through the CLI on tiny-llama31, and the ways each stage must fail.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "petrel/eval/fidelity.h"
+#include "petrel/io/bundle.h"
+#include "petrel/io/export.h"
+#include "petrel/io/safetensors.h"
+#include "petrel/model/llama.h"
+#include "test_util.h"
+
+namespace petrel {
+namespace {
+
+using testing::data_dir;
+using testing::run_command;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+std::string cli() { return testing::cli_path().string(); }
+std::string tiny() { return (data_dir() / "models/tiny-llama31").string(); }
+
+// One RTN and one small GPTQ checkpoint shared by the tests of this file.
+class Pipeline : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("pipeline");
+    auto r = run_command(cli() + " quantize -q --checkpoint " + tiny() + " --out " + rtn().string() + " --method rtn");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_command(cli() + " quantize -q --checkpoint " + tiny() + " --out " + gptq().string() +
+                    " --method gptq --group-size 128 --num-samples 16 --calib-seq-len 128");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static fs::path rtn() { return *dir_ / "rtn"; }
+  static fs::path gptq() { return *dir_ / "gptq"; }
+  static fs::path work(const std::string& name) { return *dir_ / name; }
+
+  static testing::CommandResult validate(const fs::path& checkpoint, const std::string& extra = "") {
+    return run_command(cli() + " validate -q --checkpoint " + checkpoint.string() + " --reference " + tiny() +
+                       " --max-windows 3 " + extra);
+  }
+
+  static TempDir* dir_;
+};
+TempDir* Pipeline::dir_ = nullptr;
+
+std::vector<float> last_logits(const LlamaModel& model, const std::vector<int32_t>& tokens) {
+  auto cache = model.new_cache(64);
+  std::vector<float> logits;
+  EXPECT_TRUE(cache.ok());
+  EXPECT_TRUE(model.process_prompt(tokens, *cache, 128, LogitsMode::kAll, &logits).ok());
+  return logits;
+}
+
+TEST_F(Pipeline, QuantizedCheckpointIsGptqAndCloseToTheFloatModel) {
+  auto config = nlohmann::json::parse(*read_text_file(rtn() / "config.json"));
+  const auto& q = config["quantization_config"];
+  EXPECT_EQ(q["quant_method"], "gptq");
+  EXPECT_EQ(q["bits"], 4);
+  EXPECT_EQ(q["group_size"], -1);
+  EXPECT_EQ(q["checkpoint_format"], "gptq");
+  EXPECT_EQ(q["dynamic"]["+:lm_head"]["bits"], 8);
+  auto ckpt = SafetensorsCheckpoint::open(rtn());
+  ASSERT_TRUE(ckpt.ok());
+  auto qweight = ckpt->tensor("model.layers.0.mlp.down_proj.qweight");
+  ASSERT_TRUE(qweight.ok());
+  EXPECT_EQ(qweight->shape, (std::vector<int64_t>{768 / 8, 256}));
+  EXPECT_EQ(ckpt->tensor("lm_head.qweight")->shape, (std::vector<int64_t>{256 / 4, 4096}));  // 8-bit head
+
+  auto quantized = LlamaModel::load(rtn());
+  auto reference = LlamaModel::load(tiny());
+  ASSERT_TRUE(quantized.ok() && reference.ok()) << quantized.status().to_string();
+  std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
+  tokens.resize(48);
+  auto q_logits = last_logits(**quantized, tokens), f_logits = last_logits(**reference, tokens);
+  eval::FidelityAccumulator acc;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    acc.add(std::span<const float>(f_logits.data() + t * 4096, 4096), std::span<const float>(q_logits.data() + t * 4096, 4096), -1);
+  }
+  EXPECT_LT(acc.summary().kl_mean, 0.1);
+  EXPECT_GT(acc.summary().top1_agreement, 0.7);
+}
+
+TEST_F(Pipeline, ValidatePassesAndBothPathsAgree) {
+  for (const fs::path& ckpt : {rtn(), gptq()}) {
+    auto r = validate(ckpt);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("validate: PASSED"), std::string::npos);
+    auto report = nlohmann::json::parse(*read_text_file(ckpt / "validation.json"));
+    EXPECT_TRUE(report["passed"].get<bool>());
+    EXPECT_EQ(report["windows"], 3);
+    EXPECT_LE(report["paths_agreement"]["kl_mean"].get<double>(), 1e-6);
+    EXPECT_GE(report["prompt_processor"]["top1_agreement"].get<double>(), 0.75);
+  }
+}
+
+// Copies the RTN checkpoint and corrupts the bytes of the named tensors with `mutate`.
+fs::path broken_copy(const fs::path& src, const fs::path& dst, const std::vector<std::string>& tensors,
+                     const std::function<void(uint8_t*, size_t)>& mutate);
+
+fs::path broken_copy(const fs::path& src, const fs::path& dst, const std::string& tensor,
+                     const std::function<void(uint8_t*, size_t)>& mutate, bool fresh = true) {
+  if (fresh) {
+    fs::remove_all(dst);
+    fs::create_directories(dst);
+    for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), dst / e.path().filename());
+    fs::remove(dst / "validation.json");
+  }
+  size_t offset = 0, size = 0;
+  {
+    auto f = SafetensorsFile::open(dst / "model.safetensors");
+    EXPECT_TRUE(f.ok());
+    const TensorView* v = f->find(tensor);
+    EXPECT_NE(v, nullptr);
+    offset = static_cast<const uint8_t*>(v->data) - f->map().data();
+    size = v->num_bytes;
+  }
+  std::vector<uint8_t> bytes(size);
+  std::fstream io(dst / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset));
+  io.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
+  mutate(bytes.data(), size);
+  io.seekp(static_cast<std::streamoff>(offset));
+  io.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(size));
+  return dst;
+}
+
+fs::path broken_copy(const fs::path& src, const fs::path& dst, const std::vector<std::string>& tensors,
+                     const std::function<void(uint8_t*, size_t)>& mutate) {
+  for (size_t i = 0; i < tensors.size(); ++i) broken_copy(src, dst, tensors[i], mutate, /*fresh=*/i == 0);
+  return dst;
+}
+
+TEST_F(Pipeline, ValidateFailsOnAWrongScale) {
+  auto dir = broken_copy(rtn(), work("bad_scale"), "model.layers.2.mlp.down_proj.scales", [](uint8_t* p, size_t n) {
+    uint16_t* h = reinterpret_cast<uint16_t*>(p);
+    for (size_t i = 0; i < n / 2; ++i) h[i] = f32_to_f16(-8.0f * f16_to_f32(h[i]));  // wrong sign and size
+  });
+  auto r = validate(dir);
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("FAILED: prompt processor"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("FAILED: token generator"), std::string::npos) << r.output;
+  auto report = nlohmann::json::parse(*read_text_file(dir / "validation.json"));
+  EXPECT_FALSE(report["passed"].get<bool>());
+}
+
+TEST_F(Pipeline, ValidateFailsOnAWrongNibbleOrder) {
+  // Reverse the eight 4-bit codes of every qweight word of the decoder, as a packer with the wrong nibble
+  // order would.
+  std::vector<std::string> qweights;
+  for (int l = 0; l < 6; ++l)
+    for (const char* proj : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+      qweights.push_back("model.layers." + std::to_string(l) + "." + proj + ".qweight");
+  auto dir = broken_copy(rtn(), work("bad_nibbles"), qweights, [](uint8_t* p, size_t n) {
+    uint32_t* w = reinterpret_cast<uint32_t*>(p);
+    for (size_t i = 0; i < n / 4; ++i) {
+      uint32_t v = w[i], r = 0;
+      for (int k = 0; k < 8; ++k) r |= ((v >> (4 * k)) & 0xF) << (4 * (7 - k));
+      w[i] = r;
+    }
+  });
+  auto r = validate(dir);
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("FAILED"), std::string::npos) << r.output;
+}
+
+TEST_F(Pipeline, ExportedBundleRunsExactlyLikeTheCheckpoint) {
+  ASSERT_EQ(validate(gptq()).exit_code, 0);
+  const fs::path bundle = work("bundle");
+  auto r = run_command(cli() + " export -q --checkpoint " + gptq().string() + " --out " + bundle.string() +
+                       " --context-length 2048 --parts 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"config.json", "manifest.json", "model_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "part_1_of_3.bin", "part_2_of_3.bin", "part_3_of_3.bin"}) {
+    EXPECT_TRUE(fs::exists(bundle / f)) << f;
+  }
+  auto manifest = nlohmann::json::parse(*read_text_file(bundle / "manifest.json"));
+  EXPECT_TRUE(manifest["validation"]["passed"].get<bool>());
+  EXPECT_EQ(manifest["parts"].size(), 3u);
+  EXPECT_EQ(manifest["recipe"]["group_size"], 128);
+  auto opened = Bundle::open(bundle);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  EXPECT_NE(opened->part_of("model.embed_tokens.weight"), nullptr);
+  EXPECT_EQ(opened->part_of("model.embed_tokens.weight")->part_index(), 1);
+  EXPECT_EQ(opened->part_of("lm_head.qweight")->part_index(), 3);
+
+  auto from_bundle = LlamaModel::load(bundle / "config.json");
+  auto from_checkpoint = LlamaModel::load(gptq());
+  ASSERT_TRUE(from_bundle.ok()) << from_bundle.status().to_string();
+  ASSERT_TRUE(from_checkpoint.ok());
+  std::vector<int32_t> tokens = {4080, 424, 1413, 276, 289, 311};
+  EXPECT_EQ(last_logits(**from_bundle, tokens), last_logits(**from_checkpoint, tokens));
+
+  r = run_command(cli() + " inspect " + bundle.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("part_3_of_3.bin"), std::string::npos);
+  EXPECT_NE(r.output.find("checksum ok"), std::string::npos);
+}
+
+TEST_F(Pipeline, ExportRefusesUnvalidatedOrFailedCheckpointsUnlessForced) {
+  auto dir = broken_copy(rtn(), work("unvalidated"), "model.norm.weight", [](uint8_t*, size_t) {});
+  auto r = run_command(cli() + " export -q --checkpoint " + dir.string() + " --out " + work("b_unval").string() +
+                       " --context-length 2048");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("run `petrel validate"), std::string::npos) << r.output;
+  write_file_atomic(dir / "validation.json", R"({"passed": false, "failures": ["token generator: mean KL 3 exceeds 0.1"]})");
+  r = run_command(cli() + " export -q --checkpoint " + dir.string() + " --out " + work("b_unval").string() +
+                  " --context-length 2048");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("token generator: mean KL 3"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(work("b_unval")));
+  r = run_command(cli() + " export -q --force --checkpoint " + dir.string() + " --out " + work("b_unval").string() +
+                  " --context-length 2048");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST_F(Pipeline, KilledExportLeavesNoBundleUnderTheFinalName) {
+  ASSERT_EQ(validate(rtn()).exit_code, 0);
+  const fs::path bundle = work("killed");
+  auto r = run_command("PETREL_TEST_KILL_EXPORT_AFTER_PART=2 " + cli() + " export -q --checkpoint " + rtn().string() +
+                       " --out " + bundle.string() + " --context-length 2048 --parts 5");
+  EXPECT_EQ(r.exit_code, 137);
+  EXPECT_FALSE(fs::exists(bundle));
+  r = run_command(cli() + " export -q --checkpoint " + rtn().string() + " --out " + bundle.string() + " --context-length 2048");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Bundle::open(bundle).ok());
+}
+
+TEST_F(Pipeline, CorruptedPartFailsToLoadNamingThePartAndTheChecksum) {
+  ASSERT_EQ(validate(rtn()).exit_code, 0);
+  const fs::path bundle = work("corrupt");
+  ASSERT_EQ(run_command(cli() + " export -q --checkpoint " + rtn().string() + " --out " + bundle.string() +
+                        " --context-length 2048").exit_code, 0);
+  {
+    std::fstream io(bundle / "part_4_of_5.bin", std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(4096);
+    io.put('\x5a');
+  }
+  auto model = LlamaModel::load(bundle);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("part_4_of_5.bin"), std::string::npos) << model.status().message();
+  EXPECT_NE(model.status().message().find("checksum"), std::string::npos) << model.status().message();
+  auto r = run_command(cli() + " generate --model " + bundle.string() + " --tokens 4080 -n 2");
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.output.find("part_4_of_5.bin"), std::string::npos);
+}
+
+TEST_F(Pipeline, BundleConfigPathOutsideTheBundleIsRejected) {
+  ASSERT_EQ(validate(rtn()).exit_code, 0);
+  const fs::path bundle = work("escape");
+  ASSERT_EQ(run_command(cli() + " export -q --checkpoint " + rtn().string() + " --out " + bundle.string() +
+                        " --context-length 2048").exit_code, 0);
+  auto config = nlohmann::ordered_json::parse(*read_text_file(bundle / "config.json"));
+  config["dialog"]["engine"]["model"]["binary"]["ctx-bins"][1] = "../part_2_of_5.bin";
+  ASSERT_TRUE(write_file_atomic(bundle / "config.json", config.dump(2)).ok());
+  auto model = LlamaModel::load(bundle);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("../part_2_of_5.bin"), std::string::npos) << model.status().message();
+}
+
+TEST_F(Pipeline, QuantizeNamesAMissingTensor) {
+  const fs::path src = work("missing_src");
+  fs::create_directories(src);
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"}) fs::copy_file(data_dir() / "models/tiny-llama31" / f, src / f);
+  // A checkpoint whose only tensor is the embedding.
+  auto full = SafetensorsFile::open(data_dir() / "models/tiny-llama31/model.safetensors");
+  ASSERT_TRUE(full.ok());
+  const TensorView* embed = full->find("model.embed_tokens.weight");
+  std::string header = R"({"model.embed_tokens.weight":{"dtype":"BF16","shape":[4096,256],"data_offsets":[0,)" +
+                       std::to_string(embed->num_bytes) + "]}}";
+  std::ofstream out(src / "model.safetensors", std::ios::binary);
+  uint64_t len = header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
+  out << header;
+  out.write(static_cast<const char*>(embed->data), static_cast<std::streamsize>(embed->num_bytes));
+  out.close();
+  auto r = run_command(cli() + " quantize -q --method rtn --checkpoint " + src.string() + " --out " + work("missing_out").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("model.layers.0.input_layernorm.weight"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(work("missing_out")));
+}
+
+TEST(ExportBalance, SplitsContiguousGroupsMinimisingTheLargestPart) {
+  auto starts = balance_parts({10, 3, 3, 3, 3, 3, 3, 10}, 3);
+  ASSERT_TRUE(starts.ok());
+  EXPECT_EQ(*starts, (std::vector<size_t>{0, 2, 6}));  // 13 / 12 / 13
+  EXPECT_FALSE(balance_parts({1, 2}, 3).ok());
+}
+
+}  // namespace
+}  // namespace petrel
