@@ -150,3 +150,35 @@ TEST(Gptq, HandlesDeadInputsAndRejectsBadShapes) {
 
 }  // namespace
 }  // namespace petrel::quant
+
+#include "petrel/quant/calibration.h"
+#include "test_util.h"
+
+namespace petrel::quant {
+namespace {
+
+TEST(Calibration, TextFractionCutsByCharactersWithUniversalNewlines) {
+  petrel::testing::TempDir dir("calib_text");
+  // 10 characters, one of them two bytes (é), and a \r\n pair that reads as one \n.
+  ASSERT_TRUE(write_file_atomic(dir / "t.txt", "ab\r\ncdé fgh").ok());
+  auto head = read_text_fraction(dir / "t.txt", 0.5, true), tail = read_text_fraction(dir / "t.txt", 0.5, false);
+  ASSERT_TRUE(head.ok() && tail.ok());
+  EXPECT_EQ(*head, "ab\ncd");  // "ab\ncdé fgh" has 10 characters; int(10 * 0.5) = 5
+  EXPECT_EQ(*tail, "é fgh");
+  EXPECT_FALSE(read_text_fraction(dir / "t.txt", 0.0, true).ok());
+}
+
+TEST(Calibration, HeldOutTailMatchesTheLlamaCppProtocolTokenCount) {
+  // DESIGN.md's llama.cpp table scores 19,431 tokens on the last 10% of wiki.test.raw with 256-token
+  // windows: 153 windows of 127 scored tokens, i.e. 39,329 text tokens plus BOS.
+  auto tokenizer = Tokenizer::load(petrel::testing::data_dir() / "models/tiny-llama31");
+  ASSERT_TRUE(tokenizer.ok());
+  auto tail = read_text_fraction(petrel::testing::data_dir() / "corpora/wiki.test.raw", 0.9, false);
+  ASSERT_TRUE(tail.ok());
+  auto ids = tokenizer->encode(*tail, EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->size(), 39329u);
+}
+
+}  // namespace
+}  // namespace petrel::quant

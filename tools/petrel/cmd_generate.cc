@@ -1,11 +1,15 @@
 // petrel generate: text generation from a checkpoint with the reference forward.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "cli_util.h"
 #include "commands.h"
 #include "petrel/model/llama.h"
 #include "petrel/runtime/generate.h"
+#include "petrel/runtime/prompt.h"
+#include "petrel/text/tokenizer.h"
 #include "petrel/util/parallel.h"
 
 namespace petrel::cli {
@@ -15,6 +19,10 @@ namespace {
 struct GenerateFlags {
   std::string model_dir;
   std::string tokens;
+  std::string prompt;
+  bool chat = false;
+  std::string system;
+  std::string reasoning = "default";
   int64_t max_new_tokens = 32;
   bool greedy = false;
   bool print_ids = false;
@@ -30,9 +38,41 @@ int run_generate(const GenerateFlags& f) {
   ThreadPool::set_global_threads(f.threads);
   auto model = LlamaModel::load(f.model_dir);
   if (!model.ok()) return report_error("generate", model.status());
-  auto prompt = parse_token_ids(f.tokens, "--tokens");
+  if (f.tokens.empty() == f.prompt.empty()) {
+    return report_error("generate", invalid_argument("give exactly one of --tokens and --prompt"));
+  }
+  if (f.chat && f.prompt.empty()) return report_error("generate", invalid_argument("--chat needs --prompt"));
+  // The tokenizer lives beside the weights (checkpoint directory or bundle).
+  std::optional<Tokenizer> tokenizer;
+  const std::filesystem::path model_path(f.model_dir);
+  const std::filesystem::path text_dir =
+      std::filesystem::is_directory(model_path) ? model_path : model_path.parent_path();
+  if (!f.prompt.empty() || !f.print_ids) {
+    auto loaded = Tokenizer::load(text_dir);
+    if (loaded.ok()) tokenizer = std::move(loaded).value();
+    else if (!f.prompt.empty()) return report_error("generate", loaded.status());
+  }
+  Result<std::vector<int32_t>> prompt = std::vector<int32_t>{};
+  if (!f.tokens.empty()) {
+    prompt = parse_token_ids(f.tokens, "--tokens");
+  } else if (!f.chat) {
+    prompt = tokenizer->encode(f.prompt, EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
+  } else {
+    auto templates = text::load_chat_template(text_dir);
+    if (!templates.ok()) return report_error("generate", templates.status());
+    auto mode = text::parse_reasoning_mode(f.reasoning);
+    if (!mode.ok()) return report_error("generate", mode.status());
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
+    messages.push_back({{"role", "user"}, {"content", f.prompt}});
+    ChatPromptOptions options;
+    options.reasoning = *mode;
+    auto chat = build_chat_prompt(*tokenizer, *templates, messages, nullptr, options);
+    if (!chat.ok()) return report_error("generate", chat.status());
+    prompt = chat->tokens;
+  }
   if (!prompt.ok()) return report_error("generate", prompt.status());
-  if (prompt->empty()) return report_error("generate", invalid_argument("--tokens: no token ids given"));
+  if (prompt->empty()) return report_error("generate", invalid_argument("the prompt has no tokens"));
 
   GenerateOptions options;
   options.max_new_tokens = f.max_new_tokens;
@@ -45,13 +85,31 @@ int run_generate(const GenerateFlags& f) {
 
   GenerateStats stats;
   bool first = true;
+  std::optional<StreamingDecoder> decoder;
+  const bool print_text = !f.print_ids && tokenizer.has_value();
+  if (print_text) decoder.emplace(*tokenizer, /*skip_special=*/true);
+  Status decode_status;
   auto output = generate(**model, *prompt, options, [&](int32_t token) {
-    std::printf(first ? "%d" : " %d", token);
+    if (print_text) {
+      auto piece = decoder->push(token);
+      if (!piece.ok()) {
+        decode_status = piece.status();
+        return false;
+      }
+      std::fwrite(piece->data(), 1, piece->size(), stdout);
+    } else {
+      std::printf(first ? "%d" : " %d", token);
+    }
     std::fflush(stdout);
     first = false;
     return true;
   }, &stats);
+  if (print_text) {
+    const std::string rest = decoder->flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
   std::printf("\n");
+  if (!decode_status.ok()) return report_error("generate", decode_status);
   std::fflush(stdout);
   if (!output.ok()) return report_error("generate", output.status());
   std::fprintf(stderr,
@@ -70,10 +128,16 @@ void add_generate_command(CLI::App& app, CliContext& ctx) {
   auto flags = std::make_shared<GenerateFlags>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a Hugging Face checkpoint (reference forward)");
   cmd->add_option("--model", flags->model_dir, "Checkpoint directory (config.json + safetensors)")->required();
-  cmd->add_option("--tokens", flags->tokens, "Prompt token ids, e.g. 1,2,3 or \"1 2 3\"")->required();
+  cmd->add_option("--tokens", flags->tokens, "Prompt token ids, e.g. 1,2,3 or \"1 2 3\"");
+  cmd->add_option("-p,--prompt", flags->prompt, "Prompt text (tokenized with BOS), or the user message with --chat");
+  cmd->add_flag("--chat", flags->chat, "Render --prompt as a user message through the model's chat template");
+  cmd->add_option("--system", flags->system, "System message for --chat");
+  cmd->add_option("--reasoning", flags->reasoning,
+                  "With --chat: on, off or default (Nemotron: 'detailed thinking on/off' system prompt)")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", flags->max_new_tokens, "Tokens to generate")->capture_default_str();
   cmd->add_flag("--greedy", flags->greedy, "Always pick the most likely token (same as --temp 0)");
-  cmd->add_flag("--print-ids", flags->print_ids, "Print the generated ids on one line separated by spaces");
+  cmd->add_flag("--print-ids", flags->print_ids,
+                "Print the generated ids on one line separated by spaces (default when the model has no tokenizer)");
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop at the model's end-of-sequence ids");
   cmd->add_option("--temp", flags->sampler.temperature, "Sampling temperature; <= 0 is greedy")->capture_default_str();
   cmd->add_option("--top-k", flags->sampler.top_k, "Keep the k most likely tokens; 0 = off, 1 = greedy")->capture_default_str();
