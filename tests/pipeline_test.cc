@@ -285,6 +285,46 @@ TEST_F(Pipeline, QuantizeNamesAMissingTensor) {
   EXPECT_FALSE(fs::exists(work("missing_out")));
 }
 
+TEST_F(Pipeline, GptqIsDeterministicForASeed) {
+  const fs::path again = work("gptq_again");
+  auto r = run_command(cli() + " quantize -q --checkpoint " + tiny() + " --out " + again.string() +
+                       " --method gptq --group-size 128 --num-samples 16 --calib-seq-len 128");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto a = read_text_file(gptq() / "model.safetensors"), b = read_text_file(again / "model.safetensors");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(*a == *b) << "two GPTQ runs with the same seed wrote different weights";
+}
+
+TEST_F(Pipeline, ReadsGptqV2CheckpointsOfOtherTools) {
+  // GPTQModel's gptq_v2 stores the real zero point: rewrite our v1 checkpoint that way and expect the same model.
+  const fs::path v2 = work("v2");
+  fs::remove_all(v2);
+  fs::create_directories(v2);
+  for (const auto& e : fs::directory_iterator(rtn())) fs::copy_file(e.path(), v2 / e.path().filename());
+  auto config = nlohmann::ordered_json::parse(*read_text_file(v2 / "config.json"));
+  config["quantization_config"]["checkpoint_format"] = "gptq_v2";
+  ASSERT_TRUE(write_file_atomic(v2 / "config.json", config.dump(2)).ok());
+  std::vector<std::string> qzeros;
+  for (int l = 0; l < 6; ++l)
+    for (const char* proj : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+      qzeros.push_back("model.layers." + std::to_string(l) + "." + proj + ".qzeros");
+  for (size_t i = 0; i < qzeros.size(); ++i) {
+    broken_copy(v2, v2, qzeros[i], [](uint8_t* p, size_t n) {
+      uint32_t* w = reinterpret_cast<uint32_t*>(p);
+      for (size_t k = 0; k < n / 4; ++k) w[k] = 0x88888888u;  // symmetric 4-bit: real zero 8 (v1 stores 7)
+    }, /*fresh=*/false);
+  }
+  broken_copy(v2, v2, "lm_head.qzeros", [](uint8_t* p, size_t n) {
+    uint32_t* w = reinterpret_cast<uint32_t*>(p);
+    for (size_t k = 0; k < n / 4; ++k) w[k] = 0x80808080u;  // 8-bit: real zero 128
+  }, /*fresh=*/false);
+  auto a = LlamaModel::load(rtn()), b = LlamaModel::load(v2);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status().to_string();
+  std::vector<int32_t> tokens = {4080, 424, 1413, 276};
+  EXPECT_EQ(last_logits(**a, tokens), last_logits(**b, tokens));
+}
+
 TEST(ExportBalance, SplitsContiguousGroupsMinimisingTheLargestPart) {
   auto starts = balance_parts({10, 3, 3, 3, 3, 3, 3, 10}, 3);
   ASSERT_TRUE(starts.ok());

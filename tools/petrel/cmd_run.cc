@@ -1,0 +1,227 @@
+// petrel run: genie-t2t-run's contract. `-c BUNDLE/config.json` (or --model DIR), a prompt from -p,
+// --prompt_file or --tokens_file; prints "[BEGIN]: ", the streamed text, then "[END]"; --profile FILE writes
+// Genie's profile JSON (the file must not exist yet, as with Genie).
+//
+// The prompt is used as given, like Genie: special tokens written in it (<|begin_of_text|>, headers) are
+// recognized and no BOS is added, so prompt files written for genie-t2t-run work unchanged.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "petrel/io/bundle.h"
+#include "petrel/model/llama.h"
+#include "petrel/runtime/generate.h"
+#include "petrel/runtime/profile.h"
+#include "petrel/text/tokenizer.h"
+#include "petrel/util/file.h"
+#include "petrel/util/parallel.h"
+
+namespace petrel::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunFlags {
+  std::string config, model, prompt, prompt_file, tokens_file, profile, log = "warn";
+  int64_t max_new_tokens = -1;
+  int threads = 0;
+};
+
+enum class LogLevel { kError, kWarn, kInfo, kVerbose };
+
+// Text that may still grow into a stop sequence is held back until it cannot.
+class StopSequenceFilter {
+ public:
+  explicit StopSequenceFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Returns the text safe to print; sets *stopped when a stop sequence completed (it is not printed).
+  std::string push(const std::string& piece, bool* stopped) {
+    pending_ += piece;
+    for (const std::string& stop : stops_) {
+      const size_t at = stop.empty() ? std::string::npos : pending_.find(stop);
+      if (at != std::string::npos) {
+        *stopped = true;
+        std::string out = pending_.substr(0, at);
+        pending_.clear();
+        return out;
+      }
+    }
+    size_t hold = 0;
+    for (const std::string& stop : stops_) {
+      for (size_t n = std::min(stop.size() - 1, pending_.size()); n > hold; --n) {
+        if (pending_.compare(pending_.size() - n, n, stop, 0, n) == 0) {
+          hold = n;
+          break;
+        }
+      }
+    }
+    std::string out = pending_.substr(0, pending_.size() - hold);
+    pending_.erase(0, pending_.size() - hold);
+    return out;
+  }
+  std::string flush() { return std::exchange(pending_, std::string()); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+};
+
+int run_run(const RunFlags& f) {
+  const char* cmd = "run";
+  LogLevel level;
+  if (f.log == "error") level = LogLevel::kError;
+  else if (f.log == "warn") level = LogLevel::kWarn;
+  else if (f.log == "info") level = LogLevel::kInfo;
+  else if (f.log == "verbose") level = LogLevel::kVerbose;
+  else return report_error(cmd, invalid_argument("--log must be error, warn, info or verbose, got '" + f.log + "'"));
+  if (f.config.empty() == f.model.empty()) return report_error(cmd, invalid_argument("give exactly one of -c/--config and --model"));
+  const int prompt_sources = !f.prompt.empty() + !f.prompt_file.empty() + !f.tokens_file.empty();
+  if (prompt_sources != 1) return report_error(cmd, invalid_argument("give exactly one of -p/--prompt, --prompt_file and --tokens_file"));
+  std::error_code ec;
+  if (!f.profile.empty() && fs::exists(f.profile, ec)) {
+    return report_error(cmd, invalid_argument("--profile " + f.profile + ": the file already exists (Genie refuses to overwrite a profile)"));
+  }
+  ThreadPool::set_global_threads(f.threads);
+
+  // GenieDialog_create: load the model and the tokenizer.
+  DialogCreateEvent create;
+  create.start_us = wall_clock_us();
+  GenerateOptions options;
+  std::vector<std::string> stop_sequences;
+  fs::path text_dir;
+  const std::string model_path = f.config.empty() ? f.model : f.config;
+  if (!f.config.empty()) {
+    auto config = load_bundle_config(f.config);
+    if (!config.ok()) return report_error(cmd, config.status());
+    const auto& s = config->sampler;
+    options.context_length = config->context.size;
+    options.stop_token_ids = config->context.eos_tokens;
+    options.sampler.seed = s.seed;
+    options.sampler.temperature = static_cast<float>(s.temp);
+    options.sampler.top_k = static_cast<int32_t>(s.top_k);
+    options.sampler.top_p = static_cast<float>(s.top_p);
+    options.sampler.greedy = s.greedy.value_or(false);
+    if (s.token_penalty) {
+      options.sampler.repetition_penalty = static_cast<float>(s.token_penalty->repetition_penalty);
+      options.sampler.presence_penalty = static_cast<float>(s.token_penalty->presence_penalty);
+      options.sampler.frequency_penalty = static_cast<float>(s.token_penalty->frequency_penalty);
+      options.sampler.penalize_last_n = static_cast<int32_t>(s.token_penalty->penalize_last_n);
+    }
+    stop_sequences = config->stop_sequence;
+    if (config->max_num_tokens) options.max_new_tokens = *config->max_num_tokens;
+    else options.max_new_tokens = config->context.size;
+    text_dir = config->bundle_dir;
+  } else {
+    text_dir = fs::is_directory(f.model, ec) ? fs::path(f.model) : fs::path(f.model).parent_path();
+    options.max_new_tokens = 4096;
+  }
+  auto model = LlamaModel::load(model_path);
+  if (!model.ok()) return report_error(cmd, model.status());
+  if (f.config.empty()) {
+    options.stop_token_ids = (*model)->config().eos_token_ids;
+    options.context_length = std::min<int64_t>(4096, (*model)->config().max_position_embeddings);
+  }
+  if (f.max_new_tokens >= 0) options.max_new_tokens = f.max_new_tokens;
+  auto tokenizer = Tokenizer::load(text_dir);
+  if (!tokenizer.ok()) return report_error(cmd, tokenizer.status());
+  create.stop_us = wall_clock_us();
+  if (level >= LogLevel::kInfo) {
+    std::fprintf(stderr, "petrel run: loaded %s in %.1f ms\n", model_path.c_str(), (create.stop_us - create.start_us) / 1e3);
+  }
+
+  // The prompt.
+  Result<std::vector<int32_t>> prompt = std::vector<int32_t>{};
+  if (!f.tokens_file.empty()) {
+    auto text = read_text_file(f.tokens_file);
+    if (!text.ok()) return report_error(cmd, text.status());
+    prompt = parse_token_ids(*text, f.tokens_file);
+  } else {
+    std::string text = f.prompt;
+    if (!f.prompt_file.empty()) {
+      auto file = read_text_file(f.prompt_file);
+      if (!file.ok()) return report_error(cmd, file.status());
+      text = *file;
+    }
+    prompt = tokenizer->encode(text, EncodeOptions{.add_special = false, .parse_special = true, .untrusted_ranges = {}});
+  }
+  if (!prompt.ok()) return report_error(cmd, prompt.status());
+  if (prompt->empty()) return report_error(cmd, invalid_argument("the prompt has no tokens"));
+  if (static_cast<int64_t>(prompt->size()) >= options.context_length) {
+    return report_error(cmd, out_of_range("Context Size was exceeded: the prompt has " + std::to_string(prompt->size()) +
+                                          " tokens and the context holds " + std::to_string(options.context_length)));
+  }
+
+  // GenieDialog_query.
+  DialogQueryEvent query;
+  query.start_us = wall_clock_us();
+  StreamingDecoder decoder(*tokenizer, /*skip_special=*/true);
+  StopSequenceFilter stops(stop_sequences);
+  Status stream_status;
+  std::fputs("[BEGIN]: ", stdout);
+  std::fflush(stdout);
+  GenerateStats stats;
+  auto output = generate(**model, *prompt, options, [&](int32_t token) {
+    auto piece = decoder.push(token);
+    if (!piece.ok()) {
+      stream_status = piece.status();
+      return false;
+    }
+    bool stopped = false;
+    const std::string text = stops.push(*piece, &stopped);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return !stopped;
+  }, &stats);
+  if (output.ok() && stream_status.ok()) {
+    bool stopped = false;
+    std::string rest = stops.push(decoder.flush(), &stopped);
+    if (!stopped) rest += stops.flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
+  std::fputs("[END]\n", stdout);
+  std::fflush(stdout);
+  query.stop_us = wall_clock_us();
+  if (!output.ok()) return report_error(cmd, output.status());
+  if (!stream_status.ok()) return report_error(cmd, stream_status);
+  query.prompt_tokens = stats.prompt_tokens;
+  query.generated_tokens = stats.generated_tokens;
+  query.time_to_first_token_us = stats.prompt_seconds * 1e6;
+  query.token_generation_time_us = stats.decode_seconds * 1e6;
+  if (level >= LogLevel::kInfo) {
+    std::fprintf(stderr, "petrel run: %lld prompt tokens, TTFT %.1f ms, %lld generated, %.2f tok/s\n",
+                 static_cast<long long>(query.prompt_tokens), query.time_to_first_token_us / 1e3,
+                 static_cast<long long>(query.generated_tokens),
+                 query.token_generation_time_us > 0 ? query.generated_tokens / (query.token_generation_time_us / 1e6) : 0.0);
+  }
+  if (!f.profile.empty()) {
+    Status s = write_file_atomic(f.profile, genie_profile_json(create, {query}).dump(2) + "\n");
+    if (!s.ok()) return report_error(cmd, s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, CliContext& ctx) {
+  auto f = std::make_shared<RunFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "run",
+      "genie-t2t-run compatible: prints \"[BEGIN]: \", the streamed answer and \"[END]\"; --profile writes Genie's\n"
+      "profile JSON. The prompt is used verbatim (special tokens recognized, no BOS added), as Genie does.");
+  cmd->add_option("-c,--config", f->config, "Bundle config (BUNDLE/config.json or BUNDLE)");
+  cmd->add_option("--model", f->model, "A Hugging Face or quantized checkpoint directory instead of a bundle");
+  cmd->add_option("-p,--prompt", f->prompt, "Prompt text");
+  cmd->add_option("--prompt_file", f->prompt_file, "File holding the prompt text");
+  cmd->add_option("--tokens_file", f->tokens_file, "File holding prompt token ids (spaces or commas)");
+  cmd->add_option("--profile", f->profile, "Write Genie's profile JSON here (must not exist)");
+  cmd->add_option("--log", f->log, "error, warn, info or verbose")->capture_default_str();
+  cmd->add_option("-n,--max-new-tokens", f->max_new_tokens,
+                  "Extension: stop after this many tokens (default: the config's max-num-tokens, else the context)");
+  cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores (the config's n-threads is advisory)")->capture_default_str();
+  cmd->callback([f, &ctx] { ctx.exit_code = run_run(*f); });
+}
+
+}  // namespace petrel::cli
