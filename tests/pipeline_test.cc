@@ -208,7 +208,7 @@ TEST_F(Pipeline, ExportRefusesUnvalidatedOrFailedCheckpointsUnlessForced) {
                        " --context-length 2048");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("run `petrel validate"), std::string::npos) << r.output;
-  write_file_atomic(dir / "validation.json", R"({"passed": false, "failures": ["token generator: mean KL 3 exceeds 0.1"]})");
+  ASSERT_TRUE(write_file_atomic(dir / "validation.json", R"({"passed": false, "failures": ["token generator: mean KL 3 exceeds 0.1"]})").ok());
   r = run_command(cli() + " export -q --checkpoint " + dir.string() + " --out " + work("b_unval").string() +
                   " --context-length 2048");
   EXPECT_EQ(r.exit_code, 2);

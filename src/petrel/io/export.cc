@@ -162,18 +162,8 @@ Status export_bundle(const fs::path& checkpoint, const fs::path& out, const Expo
   }
   PETREL_ASSIGN_OR_RETURN(std::vector<size_t> starts, balance_parts(group_bytes, options.parts));
 
-  const fs::path tmp = out.parent_path() / ("." + out.filename().string() + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return io_error(tmp.string() + ": cannot create: " + ec.message());
-  struct Cleanup {
-    fs::path dir;
-    bool armed = true;
-    ~Cleanup() {
-      std::error_code e;
-      if (armed) fs::remove_all(dir, e);
-    }
-  } cleanup{tmp};
+  PETREL_ASSIGN_OR_RETURN(auto staging, StagingDirectory::create(out));
+  const fs::path tmp = staging->path();
 
   uint64_t total = 0;
   for (uint64_t b : group_bytes) total += b;
@@ -253,10 +243,7 @@ Status export_bundle(const fs::path& checkpoint, const fs::path& out, const Expo
   manifest["parts"] = parts_json;
   PETREL_RETURN_IF_ERROR(write_file_atomic(tmp / "manifest.json", manifest.dump(2) + "\n"));
 
-  if (fs::exists(out, ec)) fs::remove_all(out, ec);
-  fs::rename(tmp, out, ec);
-  if (ec) return io_error("cannot rename " + tmp.string() + " to " + out.string() + ": " + ec.message());
-  cleanup.armed = false;
+  PETREL_RETURN_IF_ERROR(staging->commit());
   progress.finish(out.string());
   if (report) {
     report->part_bytes = part_bytes;

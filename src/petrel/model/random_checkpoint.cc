@@ -154,18 +154,8 @@ Status write_random_checkpoint(const fs::path& out_dir, const RandomCheckpointOp
     total_bytes += bytes;
   }
 
-  const fs::path tmp_dir = out_dir.parent_path() / ("." + out_dir.filename().string() + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) return io_error(tmp_dir.string() + ": cannot create: " + ec.message());
-  struct Cleanup {
-    fs::path dir;
-    bool armed = true;
-    ~Cleanup() {
-      std::error_code e;
-      if (armed) fs::remove_all(dir, e);
-    }
-  } cleanup{tmp_dir};
+  PETREL_ASSIGN_OR_RETURN(auto staging, StagingDirectory::create(out_dir));
+  const fs::path tmp_dir = staging->path();
 
   const bool sharded = shards.size() > 1;
   nlohmann::ordered_json weight_map;
@@ -219,10 +209,7 @@ Status write_random_checkpoint(const fs::path& out_dir, const RandomCheckpointOp
       }
     }
   }
-  if (fs::exists(out_dir, ec)) fs::remove_all(out_dir, ec);
-  fs::rename(tmp_dir, out_dir, ec);
-  if (ec) return io_error("cannot rename " + tmp_dir.string() + " to " + out_dir.string() + ": " + ec.message());
-  cleanup.armed = false;
+  PETREL_RETURN_IF_ERROR(staging->commit());
   return ok_status();
 }
 

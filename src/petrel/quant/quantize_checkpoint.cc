@@ -174,18 +174,8 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     rope_cos_sin(inv_freq, 0, calib.seq_len, rope_cos.data(), rope_sin.data());
   }
 
-  const fs::path tmp = out.parent_path() / ("." + out.filename().string() + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return io_error(tmp.string() + ": cannot create: " + ec.message());
-  struct Cleanup {
-    fs::path dir;
-    bool armed = true;
-    ~Cleanup() {
-      std::error_code e;
-      if (armed) fs::remove_all(dir, e);
-    }
-  } cleanup{tmp};
+  PETREL_ASSIGN_OR_RETURN(auto staging, StagingDirectory::create(out));
+  const fs::path tmp = staging->path();
   PETREL_ASSIGN_OR_RETURN(auto writer, ShardedSafetensorsWriter::create(tmp, specs, options.max_shard_bytes));
 
   const int64_t n_layers = options.max_layers >= 0 ? std::min(options.max_layers, c.num_hidden_layers) : c.num_hidden_layers;
@@ -392,10 +382,7 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
       if (ec) return io_error("cannot copy " + (source / file).string() + ": " + ec.message());
     }
   }
-  if (fs::exists(out, ec)) fs::remove_all(out, ec);
-  fs::rename(tmp, out, ec);
-  if (ec) return io_error("cannot rename " + tmp.string() + " to " + out.string() + ": " + ec.message());
-  cleanup.armed = false;
+  PETREL_RETURN_IF_ERROR(staging->commit());
   progress.finish(out.string());
   if (report) {
     report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

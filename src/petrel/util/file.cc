@@ -141,6 +141,31 @@ Status AtomicFileWriter::commit() {
   return ok_status();
 }
 
+Result<std::unique_ptr<StagingDirectory>> StagingDirectory::create(const fs::path& final_path) {
+  std::unique_ptr<StagingDirectory> dir(new StagingDirectory());
+  dir->final_path_ = final_path;
+  dir->temp_path_ = final_path.parent_path() / ("." + final_path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(dir->temp_path_, ec);
+  fs::create_directories(dir->temp_path_, ec);
+  if (ec) return io_error(dir->temp_path_.string() + ": cannot create: " + ec.message());
+  return dir;
+}
+
+StagingDirectory::~StagingDirectory() {
+  std::error_code ec;
+  if (!committed_) fs::remove_all(temp_path_, ec);
+}
+
+Status StagingDirectory::commit() {
+  std::error_code ec;
+  if (fs::exists(final_path_, ec)) fs::remove_all(final_path_, ec);
+  fs::rename(temp_path_, final_path_, ec);
+  if (ec) return io_error("cannot rename " + temp_path_.string() + " to " + final_path_.string() + ": " + ec.message());
+  committed_ = true;
+  return ok_status();
+}
+
 Status write_file_atomic(const fs::path& path, const std::string& contents) {
   PETREL_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(path));
   PETREL_RETURN_IF_ERROR(writer->write(contents));

@@ -63,6 +63,23 @@ class AtomicFileWriter {
   bool committed_ = false;
 };
 
+// A directory assembled under a temporary name beside its final path (".NAME.tmp.PID") and renamed into place
+// by commit(), replacing whatever was there; removed if destroyed first. Readers never see a half-written
+// directory under the final name. Callers decide beforehand whether replacing an existing one is allowed.
+class StagingDirectory {
+ public:
+  static Result<std::unique_ptr<StagingDirectory>> create(const std::filesystem::path& final_path);
+  ~StagingDirectory();
+  const std::filesystem::path& path() const { return temp_path_; }
+  std::filesystem::path operator/(const std::string& name) const { return temp_path_ / name; }
+  Status commit();
+
+ private:
+  StagingDirectory() = default;
+  std::filesystem::path final_path_, temp_path_;
+  bool committed_ = false;
+};
+
 // Convenience: atomically replaces `path` with `contents`.
 Status write_file_atomic(const std::filesystem::path& path, const std::string& contents);
 

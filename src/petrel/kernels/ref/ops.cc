@@ -48,22 +48,28 @@ void rms_norm(const float* x, int64_t n_rows, int64_t dim, const DenseMatrix& we
   }
 }
 
-void matmul(const float* x, int64_t n_rows, const DenseMatrix& w, float* y) {
+namespace {
+
+// y[n_rows, w.rows] = x * w^T for any matrix type with row_to_f32: each weight row is widened once and used
+// for every token. Parallel over output features.
+template <typename Matrix>
+void matmul_rows(const float* x, int64_t n_rows, const Matrix& w, float* y) {
   const int64_t in = w.cols, out = w.rows;
   ThreadPool::global().parallel_for(
       out,
       [&](int64_t begin, int64_t end) {
         std::vector<float> row(in);
         for (int64_t o = begin; o < end; ++o) {
-          w.row_to_f32(o, row.data());  // widen once, use for every token
-          for (int64_t t = 0; t < n_rows; ++t) {
-            const float* xt = x + t * in;
-            y[t * out + o] = dot(xt, row.data(), in);
-          }
+          w.row_to_f32(o, row.data());
+          for (int64_t t = 0; t < n_rows; ++t) y[t * out + o] = dot(x + t * in, row.data(), in);
         }
       },
       /*min_block=*/16);
 }
+
+}  // namespace
+
+void matmul(const float* x, int64_t n_rows, const DenseMatrix& w, float* y) { matmul_rows(x, n_rows, w, y); }
 
 void apply_rope(float* x, int64_t n_rows, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin) {
   const int64_t half = head_dim / 2;
@@ -181,21 +187,6 @@ void GptqMatrix::row_to_f32(int64_t r, float* out) const {
   }
 }
 
-void matmul(const float* x, int64_t n_rows, const GptqMatrix& w, float* y) {
-  const int64_t in = w.cols, out = w.rows;
-  ThreadPool::global().parallel_for(
-      out,
-      [&](int64_t begin, int64_t end) {
-        std::vector<float> row(in);
-        for (int64_t o = begin; o < end; ++o) {
-          w.row_to_f32(o, row.data());
-          for (int64_t t = 0; t < n_rows; ++t) {
-            const float* xt = x + t * in;
-            y[t * out + o] = dot(xt, row.data(), in);
-          }
-        }
-      },
-      /*min_block=*/16);
-}
+void matmul(const float* x, int64_t n_rows, const GptqMatrix& w, float* y) { matmul_rows(x, n_rows, w, y); }
 
 }  // namespace petrel::ref
