@@ -19,6 +19,12 @@ echo "== validate (held-out: the last 10% of the corpus; prompt processor and to
 echo "== export"
 "$PETREL" export --checkpoint "$WORK/tiny-w4" --out "$WORK/tiny-bundle" --context-length 2048 --parts 5 --force
 "$PETREL" inspect "$WORK/tiny-bundle"
-echo "== generate from the bundle"
+echo "== generate from the bundle, through the chat template"
 "$PETREL" generate --model "$WORK/tiny-bundle/config.json" --chat --prompt "Tell me about the history of the city." \
   -n 48 --greedy
+echo "== run it like genie-t2t-run, with a profile"
+rm -f "$WORK/profile.json"
+"$PETREL" run -c "$WORK/tiny-bundle/config.json" -p '<|begin_of_text|>The history of the city' -n 48 \
+  --profile "$WORK/profile.json"
+echo "profile: $WORK/profile.json"
+"$PETREL" bench "$WORK/tiny-bundle" -p 128 -n 32 -r 3

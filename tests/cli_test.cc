@@ -1,6 +1,8 @@
 // The CLI contracts later checks rely on, exercised through the real binary.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "petrel/io/npy.h"
 #include "petrel/io/safetensors.h"
 #include "petrel/model/llama.h"
@@ -106,6 +108,32 @@ TEST(Cli, MakeRandomWritesALoadableShardedCheckpoint) {
   r = run_command(cli() + " make-random --preset llama-9-huge --out " + (dir / "x").string());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("known presets"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace petrel
+
+namespace petrel {
+namespace {
+
+TEST(Cli, BenchPrintsLlamaBenchStyleResults) {
+  const std::string model = (testing::data_dir() / "models/tiny-llama31").string();
+  auto r = testing::run_command(testing::cli_path().string() + " bench " + model + " -p 16 -n 4 -r 2 -o json",
+                                /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto rows = nlohmann::json::parse(r.output);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0]["test"], "pp16");
+  EXPECT_EQ(rows[1]["test"], "tg4");
+  for (const auto& row : rows) {
+    EXPECT_EQ(row["samples_ts"].size(), 2u);
+    EXPECT_GT(row["avg_ts"].get<double>(), 0);
+    EXPECT_EQ(row["params"], 6622464);
+  }
+  r = testing::run_command(testing::cli_path().string() + " bench " + model + " -p 8 -n 0 -r 1", /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("| model | size | params | backend | threads | test | t/s |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| pp8 |"), std::string::npos) << r.output;
 }
 
 }  // namespace

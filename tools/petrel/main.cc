@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   petrel::cli::add_validate_command(app, ctx);
   petrel::cli::add_export_command(app, ctx);
   petrel::cli::add_run_command(app, ctx);
+  petrel::cli::add_bench_command(app, ctx);
   petrel::cli::add_tokenize_commands(app, ctx);
   petrel::cli::add_template_command(app, ctx);
 

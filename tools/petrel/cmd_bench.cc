@@ -1,0 +1,177 @@
+// petrel bench: llama-bench's table (model, size, params, backend, threads, test, t/s as mean +- sd) for
+// prompt processing (ppN: N tokens through the prompt processor, from an empty context) and token generation
+// (tgN: N tokens one at a time, from an empty context), repeated -r times after one warm-up.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "petrel/model/llama.h"
+#include "petrel/util/parallel.h"
+
+namespace petrel::cli {
+
+namespace {
+
+struct BenchFlags {
+  std::string model;
+  std::string prompt_sizes = "512";
+  std::string gen_sizes = "128";
+  int repetitions = 5;
+  int threads = 0;
+  std::string output = "md";
+  int64_t chunk_size = 128;
+};
+
+struct BenchRow {
+  std::string test;
+  double mean = 0, sd = 0;
+  std::vector<double> samples;
+};
+
+Result<std::vector<int64_t>> parse_sizes(const std::string& text, const std::string& flag) {
+  PETREL_ASSIGN_OR_RETURN(auto ids, parse_token_ids(text, flag));
+  std::vector<int64_t> sizes;
+  for (int32_t v : ids) {
+    if (v > 0) sizes.push_back(v);  // 0 disables the test, as in llama-bench
+  }
+  return sizes;
+}
+
+int run_bench(const BenchFlags& f) {
+  const char* cmd = "bench";
+  ThreadPool::set_global_threads(f.threads);
+  if (f.output != "md" && f.output != "json" && f.output != "csv") {
+    return report_error(cmd, invalid_argument("-o must be md, json or csv, got '" + f.output + "'"));
+  }
+  if (f.repetitions <= 0) return report_error(cmd, invalid_argument("-r must be positive"));
+  auto pp = parse_sizes(f.prompt_sizes, "-p");
+  if (!pp.ok()) return report_error(cmd, pp.status());
+  auto tg = parse_sizes(f.gen_sizes, "-n");
+  if (!tg.ok()) return report_error(cmd, tg.status());
+  auto model = LlamaModel::load(f.model);
+  if (!model.ok()) return report_error(cmd, model.status());
+  const LlamaConfig& c = (*model)->config();
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size - 1));
+
+  // Times one run of a test in seconds.
+  auto time_pp = [&](int64_t n) -> Result<double> {
+    std::vector<int32_t> tokens(n);
+    for (auto& t : tokens) t = token(rng);
+    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(std::max<int64_t>(n, 1), c.max_position_embeddings)));
+    std::vector<float> logits;
+    const auto start = std::chrono::steady_clock::now();
+    PETREL_RETURN_IF_ERROR((*model)->process_prompt(tokens, cache, f.chunk_size, LogitsMode::kLast, &logits));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto time_tg = [&](int64_t n) -> Result<double> {
+    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(n, c.max_position_embeddings)));
+    std::vector<float> logits;
+    int32_t next = token(rng);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      PETREL_RETURN_IF_ERROR((*model)->forward(std::span<const int32_t>(&next, 1), cache, LogitsMode::kLast, &logits));
+      next = token(rng);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+
+  std::vector<BenchRow> rows;
+  auto measure = [&](const std::string& name, int64_t n, const std::function<Result<double>(int64_t)>& once) -> Status {
+    PETREL_RETURN_IF_ERROR(once(n).status());  // warm-up
+    BenchRow row;
+    row.test = name + std::to_string(n);
+    for (int r = 0; r < f.repetitions; ++r) {
+      PETREL_ASSIGN_OR_RETURN(double seconds, once(n));
+      row.samples.push_back(n / seconds);
+    }
+    for (double v : row.samples) row.mean += v / row.samples.size();
+    for (double v : row.samples) row.sd += (v - row.mean) * (v - row.mean);
+    row.sd = row.samples.size() > 1 ? std::sqrt(row.sd / (row.samples.size() - 1)) : 0;
+    rows.push_back(row);
+    return ok_status();
+  };
+  for (int64_t n : *pp) {
+    Status s = measure("pp", n, time_pp);
+    if (!s.ok()) return report_error(cmd, s);
+  }
+  for (int64_t n : *tg) {
+    Status s = measure("tg", n, time_tg);
+    if (!s.ok()) return report_error(cmd, s);
+  }
+
+  // Weight bytes as stored (codes, not scales), like llama-bench's model size.
+  const uint64_t bytes = [&] {
+    auto linear_bytes = [](const LinearWeight& l) -> uint64_t {
+      return l.kind == LinearWeight::Kind::kGptq ? l.gptq.rows * l.gptq.cols * l.gptq.bits / 8
+                                                 : l.dense.rows * l.dense.cols * dtype_size(l.dense.dtype);
+    };
+    const LlamaWeights& w = (*model)->weights();
+    uint64_t total = w.embed_tokens.rows * w.embed_tokens.cols * dtype_size(w.embed_tokens.dtype);
+    if (!c.tie_word_embeddings || w.lm_head.kind == LinearWeight::Kind::kGptq) total += linear_bytes(w.lm_head);
+    for (const auto& layer : w.layers) {
+      for (const LinearWeight* l : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                                    &layer.up_proj, &layer.down_proj}) {
+        total += linear_bytes(*l);
+      }
+    }
+    return total;
+  }();
+  const double n_params = static_cast<double>(c.parameter_count());
+  char model_name[96];
+  std::snprintf(model_name, sizeof model_name, "llama %.1f%s %s", n_params >= 1e9 ? n_params / 1e9 : n_params / 1e6,
+                n_params >= 1e9 ? "B" : "M",
+                c.quantization ? ("W" + std::to_string(c.quantization->bits) +
+                                  (c.quantization->group_size > 0 ? " g" + std::to_string(c.quantization->group_size) : " per-channel"))
+                                     .c_str()
+                               : c.torch_dtype.c_str());
+  char size[32], params[32];
+  if (bytes >= (1ull << 30)) std::snprintf(size, sizeof size, "%.2f GiB", bytes / double(1ull << 30));
+  else std::snprintf(size, sizeof size, "%.2f MiB", bytes / double(1ull << 20));
+  if (n_params >= 1e9) std::snprintf(params, sizeof params, "%.2f B", n_params / 1e9);
+  else std::snprintf(params, sizeof params, "%.2f M", n_params / 1e6);
+  const int threads = ThreadPool::global().size();
+  const char* backend = "ref";
+  if (f.output == "md") {
+    std::printf("| model | size | params | backend | threads | test | t/s |\n");
+    std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+    for (const auto& r : rows)
+      std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model_name, size, params, backend, threads, r.test.c_str(), r.mean, r.sd);
+  } else if (f.output == "csv") {
+    std::printf("model,size,params,backend,threads,test,t/s,t/s_sd\n");
+    for (const auto& r : rows)
+      std::printf("\"%s\",\"%s\",\"%s\",%s,%d,%s,%.4f,%.4f\n", model_name, size, params, backend, threads, r.test.c_str(), r.mean, r.sd);
+  } else {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& r : rows) {
+      out.push_back({{"model", model_name}, {"model_bytes", bytes}, {"params", c.parameter_count()}, {"backend", backend},
+                     {"threads", threads}, {"test", r.test}, {"avg_ts", r.mean}, {"stddev_ts", r.sd}, {"samples_ts", r.samples}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, CliContext& ctx) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench", "llama-bench style speed table: ppN (prompt processing) and tgN (generation)");
+  cmd->add_option("model", f->model, "Bundle, BUNDLE/config.json, or checkpoint directory")->required();
+  cmd->add_option("-p,--n-prompt", f->prompt_sizes, "Prompt sizes, comma-separated (0: none)")->capture_default_str();
+  cmd->add_option("-n,--n-gen", f->gen_sizes, "Generation lengths, comma-separated (0: none)")->capture_default_str();
+  cmd->add_option("-r,--repetitions", f->repetitions, "Timed runs per test (after one warm-up)")->capture_default_str();
+  cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores")->capture_default_str();
+  cmd->add_option("-o,--output", f->output, "md, json or csv")->capture_default_str();
+  cmd->add_option("--chunk-size", f->chunk_size, "Prompt processor sequence length")->capture_default_str();
+  cmd->callback([f, &ctx] { ctx.exit_code = run_bench(*f); });
+}
+
+}  // namespace petrel::cli
