@@ -15,6 +15,7 @@
 #include "petrel/model/llama.h"
 #include "petrel/runtime/generate.h"
 #include "petrel/runtime/profile.h"
+#include "petrel/runtime/stop_strings.h"
 #include "petrel/text/tokenizer.h"
 #include "petrel/util/file.h"
 #include "petrel/util/parallel.h"
@@ -32,42 +33,6 @@ struct RunFlags {
 };
 
 enum class LogLevel { kError, kWarn, kInfo, kVerbose };
-
-// Text that may still grow into a stop sequence is held back until it cannot.
-class StopSequenceFilter {
- public:
-  explicit StopSequenceFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // Returns the text safe to print; sets *stopped when a stop sequence completed (it is not printed).
-  std::string push(const std::string& piece, bool* stopped) {
-    pending_ += piece;
-    for (const std::string& stop : stops_) {
-      const size_t at = stop.empty() ? std::string::npos : pending_.find(stop);
-      if (at != std::string::npos) {
-        *stopped = true;
-        std::string out = pending_.substr(0, at);
-        pending_.clear();
-        return out;
-      }
-    }
-    size_t hold = 0;
-    for (const std::string& stop : stops_) {
-      for (size_t n = std::min(stop.size() - 1, pending_.size()); n > hold; --n) {
-        if (pending_.compare(pending_.size() - n, n, stop, 0, n) == 0) {
-          hold = n;
-          break;
-        }
-      }
-    }
-    std::string out = pending_.substr(0, pending_.size() - hold);
-    pending_.erase(0, pending_.size() - hold);
-    return out;
-  }
-  std::string flush() { return std::exchange(pending_, std::string()); }
-
- private:
-  std::vector<std::string> stops_;
-  std::string pending_;
-};
 
 int run_run(const RunFlags& f) {
   const char* cmd = "run";
@@ -158,7 +123,7 @@ int run_run(const RunFlags& f) {
   DialogQueryEvent query;
   query.start_us = wall_clock_us();
   StreamingDecoder decoder(*tokenizer, /*skip_special=*/true);
-  StopSequenceFilter stops(stop_sequences);
+  StopStringFilter stops(stop_sequences);
   Status stream_status;
   std::fputs("[BEGIN]: ", stdout);
   std::fflush(stdout);

@@ -1,0 +1,206 @@
+#include "petrel/runtime/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "petrel/io/bundle.h"
+#include "petrel/runtime/stop_strings.h"
+#include "petrel/util/file.h"
+
+namespace petrel {
+
+namespace fs = std::filesystem;
+
+const char* stop_reason_name(StopReason reason) {
+  switch (reason) {
+    case StopReason::kEndOfSequence: return "eos";
+    case StopReason::kStopString: return "stop_string";
+    case StopReason::kMaxTokens: return "max_tokens";
+    case StopReason::kContextFull: return "context_full";
+    case StopReason::kAborted: return "aborted";
+    case StopReason::kCallback: return "callback";
+  }
+  return "?";
+}
+
+Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const ModelLoadOptions& options) {
+  auto engine = std::make_shared<Engine>();
+  PETREL_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(model_path, options));
+  std::error_code ec;
+  const fs::path text_dir = fs::is_directory(model_path, ec) ? model_path : model_path.parent_path();
+  auto tokenizer = Tokenizer::load(text_dir);
+  if (tokenizer.ok()) engine->tokenizer_ = std::move(tokenizer).value();  // optional: token-only use works without
+  auto templates = text::load_chat_template(text_dir);
+  if (templates.ok()) engine->templates_ = std::move(templates).value();
+  return engine;
+}
+
+Session::Session(std::shared_ptr<const Engine> engine, int64_t context_length) : engine_(std::move(engine)) {
+  const LlamaConfig& c = engine_->model().config();
+  cache_ = KvCache(std::min(context_length, c.max_position_embeddings), c.num_hidden_layers, c.kv_dim());
+}
+
+void Session::reset() {
+  cache_.reset();
+  history_.clear();
+}
+
+Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const GenerationConfig& config,
+                                          const StreamCallback& on_token) {
+  using clock = std::chrono::steady_clock;
+  abort_.store(false);
+  if (tokens.empty()) return invalid_argument("query: no new tokens");
+  if (static_cast<int64_t>(tokens.size()) > cache_.remaining()) {
+    return out_of_range("Context Size was exceeded: " + std::to_string(cache_.n_past) + " positions used + " +
+                        std::to_string(tokens.size()) + " new > context length " + std::to_string(cache_.context_length));
+  }
+  const LlamaModel& model = engine_->model();
+  const std::vector<int32_t> stop_ids = config.stop_token_ids.value_or(model.config().eos_token_ids);
+  QueryResult result;
+  result.stats.prompt_tokens = static_cast<int64_t>(tokens.size());
+  std::vector<float> logits;
+  const auto t0 = clock::now();
+  PETREL_RETURN_IF_ERROR(model.process_prompt(tokens, cache_, config.prompt_chunk_size, LogitsMode::kLast, &logits));
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
+
+  Sampler sampler(config.sampler);
+  std::optional<StreamingDecoder> decoder;
+  if (engine_->tokenizer()) decoder.emplace(*engine_->tokenizer(), /*skip_special=*/true);
+  StopStringFilter stops(config.stop_strings);
+  auto t_first = clock::now();
+  result.reason = StopReason::kMaxTokens;
+  for (int64_t step = 0; step < config.max_new_tokens; ++step) {
+    if (step > 0) {
+      if (abort_.load()) {
+        result.reason = StopReason::kAborted;
+        break;
+      }
+      if (cache_.remaining() == 0) {
+        result.reason = StopReason::kContextFull;
+        break;
+      }
+      PETREL_RETURN_IF_ERROR(model.forward(std::span<const int32_t>(&result.tokens.back(), 1), cache_, LogitsMode::kLast, &logits));
+      history_.push_back(result.tokens.back());
+    }
+    const int32_t token = sampler.sample(logits, history_);
+    if (step == 0) t_first = clock::now();
+    result.tokens.push_back(token);
+    if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+      result.reason = StopReason::kEndOfSequence;
+      break;
+    }
+    std::string piece;
+    bool stopped = false;
+    if (decoder) {
+      PETREL_ASSIGN_OR_RETURN(std::string raw, decoder->push(token));
+      piece = stops.push(raw, &stopped);
+      result.text += piece;
+    }
+    if (on_token && !on_token(token, piece)) {
+      result.reason = StopReason::kCallback;
+      break;
+    }
+    if (stopped) {
+      result.reason = StopReason::kStopString;
+      break;
+    }
+  }
+  if (decoder && result.reason != StopReason::kStopString) {
+    bool stopped = false;
+    std::string rest = stops.push(decoder->flush(), &stopped);
+    if (!stopped) rest += stops.flush();
+    result.text += rest;
+    if (on_token && !rest.empty()) on_token(-1, rest);
+  }
+  result.stats.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  result.stats.time_to_first_token_s = std::chrono::duration<double>(t_first - t0).count();
+  result.stats.generation_s = std::chrono::duration<double>(clock::now() - t_first).count();
+  return result;
+}
+
+Result<QueryResult> Session::query(const nlohmann::ordered_json& messages, const GenerationConfig& config,
+                                   const ChatPromptOptions& prompt_options, const StreamCallback& on_token,
+                                   const nlohmann::ordered_json* tools) {
+  if (!engine_->tokenizer() || !engine_->templates()) {
+    return invalid_argument("query: the model has no tokenizer.json or chat template; use query_tokens");
+  }
+  PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt,
+                          build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), messages, tools, prompt_options));
+  // Reuse the longest prefix already in the cache; at least one token must be processed to get logits.
+  size_t common = 0;
+  while (common < history_.size() && common < prompt.tokens.size() && history_[common] == prompt.tokens[common]) ++common;
+  if (common == prompt.tokens.size()) --common;
+  if (static_cast<int64_t>(prompt.tokens.size() - common) > cache_.context_length - static_cast<int64_t>(common)) {
+    return out_of_range("Context Size was exceeded: the conversation has " + std::to_string(prompt.tokens.size()) +
+                        " tokens and the context holds " + std::to_string(cache_.context_length));
+  }
+  cache_.truncate(static_cast<int64_t>(common));
+  history_.resize(common);
+  PETREL_ASSIGN_OR_RETURN(QueryResult result,
+                          query_tokens(std::span<const int32_t>(prompt.tokens).subspan(common), config, on_token));
+  result.stats.reused_tokens = static_cast<int64_t>(common);
+  return result;
+}
+
+namespace {
+constexpr char kKvMagic[8] = {'P', 'E', 'T', 'R', 'E', 'L', 'K', 'V'};
+constexpr uint32_t kKvVersion = 1;
+}  // namespace
+
+Status Session::save(const fs::path& path) const {
+  PETREL_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(path));
+  const int64_t header[5] = {cache_.n_layers, cache_.kv_dim, cache_.context_length, cache_.n_past,
+                             static_cast<int64_t>(history_.size())};
+  PETREL_RETURN_IF_ERROR(writer->write(kKvMagic, sizeof kKvMagic));
+  PETREL_RETURN_IF_ERROR(writer->write(&kKvVersion, sizeof kKvVersion));
+  PETREL_RETURN_IF_ERROR(writer->write(header, sizeof header));
+  PETREL_RETURN_IF_ERROR(writer->write(history_.data(), history_.size() * sizeof(int32_t)));
+  KvCache& cache = const_cast<KvCache&>(cache_);  // layer accessors are non-const; nothing is modified
+  for (int64_t l = 0; l < cache_.n_layers; ++l) {
+    PETREL_RETURN_IF_ERROR(writer->write(cache.layer_keys(l), cache_.n_past * cache_.kv_dim * sizeof(float)));
+    PETREL_RETURN_IF_ERROR(writer->write(cache.layer_values(l), cache_.n_past * cache_.kv_dim * sizeof(float)));
+  }
+  return writer->commit();
+}
+
+Status Session::restore(const fs::path& path) {
+  PETREL_ASSIGN_OR_RETURN(std::string bytes, read_text_file(path));
+  const std::string where = path.string();
+  const size_t header_size = sizeof kKvMagic + sizeof kKvVersion + 5 * sizeof(int64_t);
+  if (bytes.size() < header_size || std::memcmp(bytes.data(), kKvMagic, sizeof kKvMagic) != 0) {
+    return invalid_data(where + ": not a petrel KV state file");
+  }
+  uint32_t version;
+  std::memcpy(&version, bytes.data() + 8, sizeof version);
+  if (version != kKvVersion) return unsupported(where + ": KV state version " + std::to_string(version));
+  int64_t h[5];
+  std::memcpy(h, bytes.data() + 12, sizeof h);
+  if (h[0] != cache_.n_layers || h[1] != cache_.kv_dim) {
+    return invalid_data(where + ": saved for " + std::to_string(h[0]) + " layers x " + std::to_string(h[1]) +
+                        " KV width, this model has " + std::to_string(cache_.n_layers) + " x " + std::to_string(cache_.kv_dim));
+  }
+  const int64_t n_past = h[3], n_history = h[4];
+  if (n_past < 0 || n_past > cache_.context_length || n_history != n_past) {
+    return invalid_data(where + ": " + std::to_string(n_past) + " saved positions do not fit this session's context of " +
+                        std::to_string(cache_.context_length));
+  }
+  const size_t expected = header_size + n_history * sizeof(int32_t) + 2 * cache_.n_layers * n_past * cache_.kv_dim * sizeof(float);
+  if (bytes.size() != expected) {
+    return invalid_data(where + ": " + std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected) + " (truncated?)");
+  }
+  const char* p = bytes.data() + header_size;
+  history_.assign(reinterpret_cast<const int32_t*>(p), reinterpret_cast<const int32_t*>(p) + n_history);
+  p += n_history * sizeof(int32_t);
+  const size_t layer_bytes = n_past * cache_.kv_dim * sizeof(float);
+  for (int64_t l = 0; l < cache_.n_layers; ++l) {
+    std::memcpy(cache_.layer_keys(l), p, layer_bytes);
+    p += layer_bytes;
+    std::memcpy(cache_.layer_values(l), p, layer_bytes);
+    p += layer_bytes;
+  }
+  cache_.n_past = n_past;
+  return ok_status();
+}
+
+}  // namespace petrel
