@@ -138,3 +138,28 @@ TEST(Cli, BenchPrintsLlamaBenchStyleResults) {
 
 }  // namespace
 }  // namespace petrel
+
+namespace petrel {
+namespace {
+
+TEST(Cli, ChatReusesTheKvCacheAcrossTurns) {
+  const std::string model = (testing::data_dir() / "models/tiny-llama31").string();
+  auto r = testing::run_command("printf 'Tell me about the city.\\nAnd the king?\\n/exit\\n' | " + testing::cli_path().string() +
+                                " chat " + model + " --greedy -n 8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(", 0 reused"), std::string::npos) << r.output;        // first turn
+  const size_t second = r.output.find("reused", r.output.find(", 0 reused") + 10);
+  ASSERT_NE(second, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(", 0 reused", r.output.find(", 0 reused") + 10), std::string::npos) << r.output;
+}
+
+TEST(Cli, DoctorReportsCpuAndKernels) {
+  auto r = testing::run_command(testing::cli_path().string() + " doctor");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cpu:"), std::string::npos);
+  EXPECT_NE(r.output.find("kernels:"), std::string::npos);
+  EXPECT_NE(r.output.find("gpus:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace petrel

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   petrel::cli::add_export_command(app, ctx);
   petrel::cli::add_run_command(app, ctx);
   petrel::cli::add_bench_command(app, ctx);
+  petrel::cli::add_chat_command(app, ctx);
+  petrel::cli::add_doctor_command(app, ctx);
   petrel::cli::add_tokenize_commands(app, ctx);
   petrel::cli::add_template_command(app, ctx);
 

@@ -1,0 +1,67 @@
+// petrel doctor: what this machine offers petrel: CPU, SIMD features, threads, the kernel variant in use,
+// the BLAS kernels GPTQ gets, and NVIDIA GPUs if any.
+#include <cblas.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "commands.h"
+
+namespace petrel::cli {
+
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+int run_doctor() {
+  std::printf("petrel %s\n", PETREL_VERSION);
+  std::printf("cpu:             %s, %u hardware threads\n", cpu_model_name().c_str(), std::thread::hardware_concurrency());
+#if defined(__x86_64__)
+  std::printf("cpu features:   ");
+  const std::pair<const char*, bool> features[] = {
+      {"sse4.2", __builtin_cpu_supports("sse4.2")},         {"avx2", __builtin_cpu_supports("avx2")},
+      {"fma", __builtin_cpu_supports("fma")},               {"avx512f", __builtin_cpu_supports("avx512f")},
+      {"avx512bw", __builtin_cpu_supports("avx512bw")},     {"avx512vnni", __builtin_cpu_supports("avx512vnni")},
+      {"avx512bf16", __builtin_cpu_supports("avx512bf16")}, {"avx512fp16", __builtin_cpu_supports("avx512fp16")}};
+  for (auto [name, present] : features) std::printf(" %s%s", present ? "+" : "-", name);
+  std::printf("\n");
+#endif
+  std::printf("kernels:         ref (the scalar reference; SIMD CPU kernels are not built yet)\n");
+  const char* core = openblas_get_corename();
+  std::printf("blas (GPTQ):     OpenBLAS %s kernels, %d threads%s\n", core ? core : "?", openblas_get_num_threads(),
+              core && std::strcmp(core, "Prescott") == 0 ? " (generic: set OPENBLAS_CORETYPE=SkylakeX or Haswell)" : "");
+  // GPUs: the driver's view, without linking CUDA (this build has no CUDA backend yet).
+  std::FILE* smi = ::popen("nvidia-smi --query-gpu=index,name,memory.total,compute_cap --format=csv,noheader 2>/dev/null", "r");
+  std::string gpus;
+  if (smi) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, smi)) gpus += std::string("  gpu ") + buf;
+    ::pclose(smi);
+  }
+  if (gpus.empty()) std::printf("gpus:            none found (no nvidia-smi or no NVIDIA driver)\n");
+  else std::printf("gpus:\n%s", gpus.c_str());
+  std::printf("cuda backend:    not built (arrives with the CUDA backend)\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_doctor_command(CLI::App& app, CliContext& ctx) {
+  CLI::App* cmd = app.add_subcommand("doctor", "Show the CPU features, kernel variant, BLAS kernels and GPUs petrel sees");
+  cmd->callback([&ctx] { ctx.exit_code = run_doctor(); });
+}
+
+}  // namespace petrel::cli
