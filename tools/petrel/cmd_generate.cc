@@ -23,6 +23,7 @@ struct GenerateFlags {
   bool chat = false;
   std::string system;
   std::string reasoning = "default";
+  bool allow_special_in_content = false;
   int64_t max_new_tokens = 32;
   bool greedy = false;
   bool print_ids = false;
@@ -67,6 +68,7 @@ int run_generate(const GenerateFlags& f) {
     messages.push_back({{"role", "user"}, {"content", f.prompt}});
     ChatPromptOptions options;
     options.reasoning = *mode;
+    options.allow_special_tokens_in_content = f.allow_special_in_content;
     auto chat = build_chat_prompt(*tokenizer, *templates, messages, nullptr, options);
     if (!chat.ok()) return report_error("generate", chat.status());
     prompt = chat->tokens;
@@ -132,6 +134,8 @@ void add_generate_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("-p,--prompt", flags->prompt, "Prompt text (tokenized with BOS), or the user message with --chat");
   cmd->add_flag("--chat", flags->chat, "Render --prompt as a user message through the model's chat template");
   cmd->add_option("--system", flags->system, "System message for --chat");
+  cmd->add_flag("--allow-special-in-content", flags->allow_special_in_content,
+                "With --chat: let special tokens typed in messages act as control tokens (transformers/vLLM behaviour)");
   cmd->add_option("--reasoning", flags->reasoning,
                   "With --chat: on, off or default (Nemotron: 'detailed thinking on/off' system prompt)")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", flags->max_new_tokens, "Tokens to generate")->capture_default_str();
