@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "petrel/io/bundle.h"
+#include "petrel/kernels/cpu/gemv_w4.h"
 #include "petrel/model/rope.h"
 
 namespace petrel {
@@ -102,8 +103,16 @@ void linear(const float* x, int64_t n_rows, const LinearWeight& w, float* y) { l
 }  // namespace
 
 void linear_forward(const float* x, int64_t n_rows, const LinearWeight& w, float* y) {
-  if (w.kind == LinearWeight::Kind::kGptq) ref::matmul(x, n_rows, w.gptq, y);
-  else ref::matmul(x, n_rows, w.dense, y);
+  if (w.kind == LinearWeight::Kind::kGptq) {
+    // The token generator's shape (and tiny batches): the SIMD GEMV reads the GPTQ words in place.
+    if (n_rows <= 4 && cpu::gemv_w4_gptq_supports(w.gptq)) {
+      for (int64_t r = 0; r < n_rows; ++r) cpu::gemv_w4_gptq(x + r * w.gptq.cols, w.gptq, y + r * w.gptq.rows);
+      return;
+    }
+    ref::matmul(x, n_rows, w.gptq, y);
+  } else {
+    ref::matmul(x, n_rows, w.dense, y);
+  }
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const fs::path& path, const ModelLoadOptions& options) {

@@ -105,7 +105,7 @@ ref::GptqMatrix GptqTensors::view() const {
   m.qweight = qweight.data();
   m.scales = scales.data();
   m.qzeros = qzeros.data();
-  m.g_idx = g_idx.empty() ? nullptr : g_idx.data();
+  m.g_idx = nullptr;  // petrel's packing always writes the trivial g_idx (column / group_size)
   return m;
 }
 
