@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "petrel/kernels/cpu/gemv_w4.h"
 
 namespace petrel::cli {
 
@@ -39,7 +40,7 @@ int run_doctor() {
   for (auto [name, present] : features) std::printf(" %s%s", present ? "+" : "-", name);
   std::printf("\n");
 #endif
-  std::printf("kernels:         ref (the scalar reference; SIMD CPU kernels are not built yet)\n");
+  std::printf("kernels:         GEMV %s (Highway, best target of this CPU); the rest kernels/ref\n", cpu::best_target_name());
   const char* core = openblas_get_corename();
   std::printf("blas (GPTQ):     OpenBLAS %s kernels, %d threads%s\n", core ? core : "?", openblas_get_num_threads(),
               core && std::strcmp(core, "Prescott") == 0 ? " (generic: set OPENBLAS_CORETYPE=SkylakeX or Haswell)" : "");
