@@ -16,7 +16,7 @@ using testing::data_dir;
 using testing::run_command;
 using testing::TempDir;
 
-std::string cli() { return cli_path().string(); }
+using testing::cli;
 
 TEST(Cli, LogitsMatchTransformersThroughBothPaths) {
   TempDir dir("cli_logits");

@@ -20,7 +20,7 @@ using testing::run_command;
 using testing::TempDir;
 namespace fs = std::filesystem;
 
-std::string cli() { return testing::cli_path().string(); }
+using testing::cli;
 std::string tiny() { return (data_dir() / "models/tiny-llama31").string(); }
 
 // One RTN and one small GPTQ checkpoint shared by the tests of this file.

@@ -15,7 +15,7 @@ using testing::run_command;
 using testing::TempDir;
 namespace fs = std::filesystem;
 
-std::string cli() { return testing::cli_path().string(); }
+using testing::cli;
 
 class Run : public ::testing::Test {
  protected:

@@ -12,6 +12,8 @@ namespace petrel::testing {
 
 inline std::filesystem::path data_dir() { return PETREL_TEST_DATA_DIR; }
 inline std::filesystem::path cli_path() { return PETREL_CLI_PATH; }
+// The CLI binary as a command-line prefix.
+inline std::string cli() { return cli_path().string(); }
 
 // A fresh empty directory under the system temp dir, removed on destruction.
 class TempDir {

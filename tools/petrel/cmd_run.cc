@@ -12,10 +12,8 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "petrel/io/bundle.h"
-#include "petrel/model/llama.h"
-#include "petrel/runtime/generate.h"
 #include "petrel/runtime/profile.h"
-#include "petrel/runtime/stop_strings.h"
+#include "petrel/runtime/session.h"
 #include "petrel/text/tokenizer.h"
 #include "petrel/util/file.h"
 #include "petrel/util/parallel.h"
@@ -54,15 +52,14 @@ int run_run(const RunFlags& f) {
   // GenieDialog_create: load the model and the tokenizer.
   DialogCreateEvent create;
   create.start_us = wall_clock_us();
-  GenerateOptions options;
-  std::vector<std::string> stop_sequences;
-  fs::path text_dir;
+  GenerationConfig options;
+  int64_t context_length = 4096;
   const std::string model_path = f.config.empty() ? f.model : f.config;
   if (!f.config.empty()) {
     auto config = load_bundle_config(f.config);
     if (!config.ok()) return report_error(cmd, config.status());
     const auto& s = config->sampler;
-    options.context_length = config->context.size;
+    context_length = config->context.size;
     options.stop_token_ids = config->context.eos_tokens;
     options.sampler.seed = s.seed;
     options.sampler.temperature = static_cast<float>(s.temp);
@@ -75,23 +72,17 @@ int run_run(const RunFlags& f) {
       options.sampler.frequency_penalty = static_cast<float>(s.token_penalty->frequency_penalty);
       options.sampler.penalize_last_n = static_cast<int32_t>(s.token_penalty->penalize_last_n);
     }
-    stop_sequences = config->stop_sequence;
-    if (config->max_num_tokens) options.max_new_tokens = *config->max_num_tokens;
-    else options.max_new_tokens = config->context.size;
-    text_dir = config->bundle_dir;
+    options.stop_strings = config->stop_sequence;
+    options.max_new_tokens = config->max_num_tokens.value_or(config->context.size);
   } else {
-    text_dir = fs::is_directory(f.model, ec) ? fs::path(f.model) : fs::path(f.model).parent_path();
-    options.max_new_tokens = 4096;
+    options.max_new_tokens = context_length;  // until EOS or a full context; stop ids: the model's EOS
   }
-  auto model = LlamaModel::load(model_path);
-  if (!model.ok()) return report_error(cmd, model.status());
-  if (f.config.empty()) {
-    options.stop_token_ids = (*model)->config().eos_token_ids;
-    options.context_length = std::min<int64_t>(4096, (*model)->config().max_position_embeddings);
-  }
+  auto engine = Engine::load(model_path);
+  if (!engine.ok()) return report_error(cmd, engine.status());
+  const Tokenizer* tokenizer = (*engine)->tokenizer();
+  if (!tokenizer) return report_error(cmd, not_found(model_path + ": no tokenizer.json beside the model"));
   if (f.max_new_tokens >= 0) options.max_new_tokens = f.max_new_tokens;
-  auto tokenizer = Tokenizer::load(text_dir);
-  if (!tokenizer.ok()) return report_error(cmd, tokenizer.status());
+  Session session(*engine, context_length);
   create.stop_us = wall_clock_us();
   if (level >= LogLevel::kInfo) {
     std::fprintf(stderr, "petrel run: loaded %s in %.1f ms\n", model_path.c_str(), (create.stop_us - create.start_us) / 1e3);
@@ -114,47 +105,29 @@ int run_run(const RunFlags& f) {
   }
   if (!prompt.ok()) return report_error(cmd, prompt.status());
   if (prompt->empty()) return report_error(cmd, invalid_argument("the prompt has no tokens"));
-  if (static_cast<int64_t>(prompt->size()) >= options.context_length) {
+  if (static_cast<int64_t>(prompt->size()) >= session.context_length()) {
     return report_error(cmd, out_of_range("Context Size was exceeded: the prompt has " + std::to_string(prompt->size()) +
-                                          " tokens and the context holds " + std::to_string(options.context_length)));
+                                          " tokens and the context holds " + std::to_string(session.context_length())));
   }
 
   // GenieDialog_query.
   DialogQueryEvent query;
   query.start_us = wall_clock_us();
-  StreamingDecoder decoder(*tokenizer, /*skip_special=*/true);
-  StopStringFilter stops(stop_sequences);
-  Status stream_status;
   std::fputs("[BEGIN]: ", stdout);
   std::fflush(stdout);
-  GenerateStats stats;
-  auto output = generate(**model, *prompt, options, [&](int32_t token) {
-    auto piece = decoder.push(token);
-    if (!piece.ok()) {
-      stream_status = piece.status();
-      return false;
-    }
-    bool stopped = false;
-    const std::string text = stops.push(*piece, &stopped);
+  auto result = session.query_tokens(*prompt, options, [](int32_t, std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    return !stopped;
-  }, &stats);
-  if (output.ok() && stream_status.ok()) {
-    bool stopped = false;
-    std::string rest = stops.push(decoder.flush(), &stopped);
-    if (!stopped) rest += stops.flush();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-  }
+    return true;
+  });
   std::fputs("[END]\n", stdout);
   std::fflush(stdout);
   query.stop_us = wall_clock_us();
-  if (!output.ok()) return report_error(cmd, output.status());
-  if (!stream_status.ok()) return report_error(cmd, stream_status);
-  query.prompt_tokens = stats.prompt_tokens;
-  query.generated_tokens = stats.generated_tokens;
-  query.time_to_first_token_us = stats.prompt_seconds * 1e6;
-  query.token_generation_time_us = stats.decode_seconds * 1e6;
+  if (!result.ok()) return report_error(cmd, result.status());
+  query.prompt_tokens = result->stats.prompt_tokens;
+  query.generated_tokens = result->stats.generated_tokens;
+  query.time_to_first_token_us = result->stats.time_to_first_token_s * 1e6;
+  query.token_generation_time_us = result->stats.generation_s * 1e6;
   if (level >= LogLevel::kInfo) {
     std::fprintf(stderr, "petrel run: %lld prompt tokens, TTFT %.1f ms, %lld generated, %.2f tok/s\n",
                  static_cast<long long>(query.prompt_tokens), query.time_to_first_token_us / 1e3,

@@ -1,7 +1,6 @@
 #include "petrel/runtime/session.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "petrel/io/bundle.h"
@@ -11,18 +10,6 @@
 namespace petrel {
 
 namespace fs = std::filesystem;
-
-const char* stop_reason_name(StopReason reason) {
-  switch (reason) {
-    case StopReason::kEndOfSequence: return "eos";
-    case StopReason::kStopString: return "stop_string";
-    case StopReason::kMaxTokens: return "max_tokens";
-    case StopReason::kContextFull: return "context_full";
-    case StopReason::kAborted: return "aborted";
-    case StopReason::kCallback: return "callback";
-  }
-  return "?";
-}
 
 Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const ModelLoadOptions& options) {
   auto engine = std::make_shared<Engine>();
@@ -48,74 +35,54 @@ void Session::reset() {
 
 Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const GenerationConfig& config,
                                           const StreamCallback& on_token) {
-  using clock = std::chrono::steady_clock;
   abort_.store(false);
-  if (tokens.empty()) return invalid_argument("query: no new tokens");
   if (static_cast<int64_t>(tokens.size()) > cache_.remaining()) {
     return out_of_range("Context Size was exceeded: " + std::to_string(cache_.n_past) + " positions used + " +
                         std::to_string(tokens.size()) + " new > context length " + std::to_string(cache_.context_length));
   }
-  const LlamaModel& model = engine_->model();
-  const std::vector<int32_t> stop_ids = config.stop_token_ids.value_or(model.config().eos_token_ids);
-  QueryResult result;
-  result.stats.prompt_tokens = static_cast<int64_t>(tokens.size());
-  std::vector<float> logits;
-  const auto t0 = clock::now();
-  PETREL_RETURN_IF_ERROR(model.process_prompt(tokens, cache_, config.prompt_chunk_size, LogitsMode::kLast, &logits));
-  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  GenerateOptions options;
+  options.max_new_tokens = config.max_new_tokens;
+  options.prompt_chunk_size = config.prompt_chunk_size;
+  options.sampler = config.sampler;
+  options.stop_token_ids = config.stop_token_ids.value_or(engine_->model().config().eos_token_ids);
 
-  Sampler sampler(config.sampler);
+  // Text: decoded as it streams, held back while it may still become a stop string.
+  QueryResult result;
   std::optional<StreamingDecoder> decoder;
   if (engine_->tokenizer()) decoder.emplace(*engine_->tokenizer(), /*skip_special=*/true);
   StopStringFilter stops(config.stop_strings);
-  auto t_first = clock::now();
-  result.reason = StopReason::kMaxTokens;
-  for (int64_t step = 0; step < config.max_new_tokens; ++step) {
-    if (step > 0) {
-      if (abort_.load()) {
-        result.reason = StopReason::kAborted;
-        break;
-      }
-      if (cache_.remaining() == 0) {
-        result.reason = StopReason::kContextFull;
-        break;
-      }
-      PETREL_RETURN_IF_ERROR(model.forward(std::span<const int32_t>(&result.tokens.back(), 1), cache_, LogitsMode::kLast, &logits));
-      history_.push_back(result.tokens.back());
-    }
-    const int32_t token = sampler.sample(logits, history_);
-    if (step == 0) t_first = clock::now();
-    result.tokens.push_back(token);
-    if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
-      result.reason = StopReason::kEndOfSequence;
-      break;
-    }
+  bool stop_string_seen = false;
+  Status decode_status;
+  auto on_generated = [&](int32_t token) {
     std::string piece;
-    bool stopped = false;
     if (decoder) {
-      PETREL_ASSIGN_OR_RETURN(std::string raw, decoder->push(token));
-      piece = stops.push(raw, &stopped);
+      auto raw = decoder->push(token);
+      if (!raw.ok()) {
+        decode_status = raw.status();
+        return false;
+      }
+      piece = stops.push(*raw, &stop_string_seen);
       result.text += piece;
     }
-    if (on_token && !on_token(token, piece)) {
-      result.reason = StopReason::kCallback;
-      break;
-    }
-    if (stopped) {
-      result.reason = StopReason::kStopString;
-      break;
-    }
-  }
-  if (decoder && result.reason != StopReason::kStopString) {
+    if (on_token && !on_token(token, piece)) return false;
+    return !stop_string_seen;
+  };
+  PETREL_ASSIGN_OR_RETURN(Continuation generated,
+                          continue_generation(engine_->model(), cache_, history_, tokens, options, on_generated, &abort_));
+  PETREL_RETURN_IF_ERROR(decode_status);
+  result.tokens = std::move(generated.tokens);
+  result.reason = stop_string_seen ? StopReason::kStopString : generated.reason;
+  if (decoder && !stop_string_seen) {
     bool stopped = false;
     std::string rest = stops.push(decoder->flush(), &stopped);
     if (!stopped) rest += stops.flush();
     result.text += rest;
     if (on_token && !rest.empty()) on_token(-1, rest);
   }
-  result.stats.generated_tokens = static_cast<int64_t>(result.tokens.size());
-  result.stats.time_to_first_token_s = std::chrono::duration<double>(t_first - t0).count();
-  result.stats.generation_s = std::chrono::duration<double>(clock::now() - t_first).count();
+  result.stats.prompt_tokens = generated.stats.prompt_tokens;
+  result.stats.generated_tokens = generated.stats.generated_tokens;
+  result.stats.time_to_first_token_s = generated.stats.prompt_seconds;
+  result.stats.generation_s = generated.stats.decode_seconds;
   return result;
 }
 

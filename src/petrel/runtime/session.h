@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "petrel/model/llama.h"
+#include "petrel/runtime/generate.h"
 #include "petrel/runtime/prompt.h"
 #include "petrel/runtime/sampler.h"
 #include "petrel/text/chat_template.h"
@@ -38,9 +39,6 @@ struct GenerationConfig {
   std::vector<std::string> stop_strings;               // generation ends when the text contains one (not emitted)
   int64_t prompt_chunk_size = 128;
 };
-
-enum class StopReason { kEndOfSequence, kStopString, kMaxTokens, kContextFull, kAborted, kCallback };
-const char* stop_reason_name(StopReason reason);
 
 // Timings of one query; rates follow Genie's definitions (see profile.h).
 struct QueryStats {
