@@ -3,63 +3,198 @@
 
 #include <hwy/targets.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 
-#include "petrel/kernels/cpu/gemv_w4.h"
+#include "petrel/kernels/cpu/gptq_matmul.h"
+#include "petrel/kernels/cpu/ops.h"
+#include "petrel/model/kv_cache.h"
 #include "petrel/quant/format.h"
 #include "petrel/quant/gptq.h"
 
 namespace petrel {
 namespace {
 
-// Relative L2 error the SIMD GEMV may differ from the reference by: float32 sums in another order.
-constexpr double kTolerance = 1e-5;
+// Relative L2 error allowed against the reference: float32 sums in another order (float path), plus the
+// int16 activation codes of the VNNI path (step = block max / 32639, ~1e-5 of the output's scale).
+constexpr double kTolerance = 1e-4;
 
-TEST(KernelsCpu, GemvW4MatchesReferenceOnEveryTarget) {
+double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (got[i] - want[i]) * double(got[i] - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+struct Shape { int64_t rows, cols, group; bool sym; int bits; };
+
+// Random and awkward shapes: channel counts that are not multiples of the 16-lane vector, the 64-channel GEMV
+// step or the 128-channel GEMM panel; groups smaller than, equal to and larger than the 128-column activation
+// block; 8-bit (the LM head's format).
+const Shape kShapes[] = {{64, 256, -1, true, 4},  {72, 128, 64, false, 4}, {8, 8, -1, true, 4},
+                         {200, 1024, 128, true, 4}, {24, 64, 32, false, 4}, {136, 512, -1, false, 4},
+                         {272, 768, 256, false, 4}, {152, 384, 384, true, 4}, {4, 4, -1, true, 8},
+                         {52, 256, -1, true, 8},    {36, 128, 64, false, 8}, {200, 640, 128, false, 8}};
+
+quant::GptqTensors make_matrix(const Shape& s, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(s.rows * s.cols);
+  for (float& v : w) v = 0.05f * normal(rng);
+  quant::QuantScheme scheme{s.bits, s.group, s.sym, false};
+  auto packed = quant::pack_gptq(quant::quantize_rtn(w.data(), s.rows, s.cols, scheme));
+  EXPECT_TRUE(packed.ok()) << packed.status().to_string();
+  return std::move(*packed);
+}
+
+TEST(KernelsCpu, GptqMatmulMatchesReferenceOnEveryTarget) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  struct Shape { int64_t rows, cols, group; bool sym; int bits; };
-  const Shape shapes[] = {{64, 256, -1, true, 4}, {72, 128, 64, false, 4}, {8, 8, -1, true, 4},
-                          {200, 1024, 128, true, 4}, {24, 64, 32, false, 4}, {136, 512, -1, false, 4},
-                          {4, 4, -1, true, 8},     {52, 256, -1, true, 8},  {36, 128, 64, false, 8}};
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
-    for (const Shape& s : shapes) {
-      std::vector<float> w(s.rows * s.cols), x(s.cols);
-      for (float& v : w) v = 0.05f * normal(rng);
-      for (float& v : x) v = normal(rng);
-      quant::QuantScheme scheme{s.bits, s.group, s.sym, false};
-      auto packed = quant::pack_gptq(quant::quantize_rtn(w.data(), s.rows, s.cols, scheme));
-      ASSERT_TRUE(packed.ok()) << packed.status().to_string();
-      const ref::GptqMatrix m = packed->view();
-      ASSERT_TRUE(cpu::gemv_w4_gptq_supports(m));
-      std::vector<float> want(s.rows), got(s.rows, -1.0f);
-      ref::matmul(x.data(), 1, m, want.data());
-      cpu::gemv_w4_gptq(x.data(), m, got.data());
-      double diff = 0, norm = 0;
-      for (int64_t o = 0; o < s.rows; ++o) {
-        diff += (got[o] - want[o]) * double(got[o] - want[o]);
-        norm += double(want[o]) * want[o];
+    for (const Shape& s : kShapes) {
+      const quant::GptqTensors packed = make_matrix(s, rng);
+      const ref::GptqMatrix m = packed.view();
+      ASSERT_TRUE(cpu::gptq_matmul_supports(m));
+      for (int64_t n_rows : {1, 2, 7, 13}) {  // the GEMV, and GEMM tiles with and without padding rows
+        std::vector<float> x(n_rows * s.cols);
+        for (float& v : x) v = normal(rng);
+        x[0] = 40.0f;  // an outlier, as real activations have
+        std::vector<float> want(n_rows * s.rows), got(n_rows * s.rows, -1.0f);
+        ref::matmul(x.data(), n_rows, m, want.data());
+        cpu::gptq_matmul(x.data(), n_rows, m, got.data());
+        EXPECT_LE(relative_l2(got, want), kTolerance)
+            << hwy::TargetName(target) << " (" << cpu::gptq_matmul_variant() << ") bits " << s.bits << " rows "
+            << s.rows << " cols " << s.cols << " group " << s.group << " n_rows " << n_rows;
       }
-      EXPECT_LE(std::sqrt(diff / norm), kTolerance)
-          << hwy::TargetName(target) << " bits " << s.bits << " rows " << s.rows << " cols " << s.cols << " group " << s.group;
     }
   }
   hwy::SetSupportedTargetsForTest(0);
 }
 
-TEST(KernelsCpu, GemvW4RefusesWhatItDoesNotHandle) {
+// The prompt processor (GEMM) and the token generator (GEMV) must agree far more tightly than either agrees
+// with the float reference: they see the same int16 codes and differ only in float summation order.
+TEST(KernelsCpu, GemmRowsEqualGemvPerRow) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Shape& s : kShapes) {
+    const quant::GptqTensors packed = make_matrix(s, rng);
+    const ref::GptqMatrix m = packed.view();
+    const int64_t n_rows = 9;
+    std::vector<float> x(n_rows * s.cols);
+    for (float& v : x) v = normal(rng);
+    std::vector<float> gemm(n_rows * s.rows), gemv(n_rows * s.rows);
+    cpu::gptq_matmul(x.data(), n_rows, m, gemm.data());
+    for (int64_t r = 0; r < n_rows; ++r) cpu::gptq_matmul(x.data() + r * s.cols, 1, m, gemv.data() + r * s.rows);
+    EXPECT_LE(relative_l2(gemm, gemv), 1e-6) << "rows " << s.rows << " cols " << s.cols << " group " << s.group;
+  }
+}
+
+TEST(KernelsCpu, GptqMatmulRefusesWhatItDoesNotHandle) {
   ref::GptqMatrix m;
   m.bits = 2;
+  m.rows = 16;
   m.cols = 64;
   m.group_size = 64;
-  EXPECT_FALSE(cpu::gemv_w4_gptq_supports(m));
+  EXPECT_FALSE(cpu::gptq_matmul_supports(m));
   m.bits = 4;
-  EXPECT_TRUE(cpu::gemv_w4_gptq_supports(m));
+  EXPECT_TRUE(cpu::gptq_matmul_supports(m));
   int32_t g_idx[64] = {};
   m.g_idx = g_idx;
-  EXPECT_FALSE(cpu::gemv_w4_gptq_supports(m));
+  EXPECT_FALSE(cpu::gptq_matmul_supports(m));
+}
+
+std::vector<float> random_vector(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// Attention over a cache of each type against ref::attention fed the values the cache holds (its rounding
+// applied), for prefill chunks and single tokens, grouped and plain heads, head sizes 128, 40 and 20 (tails).
+TEST(KernelsCpu, AttentionMatchesReferenceForEveryKvType) {
+  std::mt19937 rng(3);
+  struct Case { int64_t n_heads, n_kv_heads, head_dim, first_pos, n_rows; };
+  const Case cases[] = {{8, 2, 128, 0, 9}, {8, 2, 128, 37, 1}, {4, 1, 40, 5, 6}, {6, 6, 20, 0, 3}, {32, 8, 128, 100, 1}};
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kQ8}) {
+      for (const Case& c : cases) {
+        const int64_t positions = c.first_pos + c.n_rows, kv_dim = c.n_kv_heads * c.head_dim;
+        KvCache cache(positions, 1, c.n_kv_heads, c.head_dim, type);
+        const cpu::KvLayer kv = cache.layer(0);
+        const auto keys = random_vector(positions * kv_dim, rng, 2.0f), values = random_vector(positions * kv_dim, rng);
+        cpu::kv_store(kv, 0, positions, keys.data(), values.data());
+        // What the cache holds, as float, for the reference.
+        std::vector<float> k_held(keys.size()), v_held(values.size());
+        for (int64_t p = 0; p < positions; ++p) {
+          for (int64_t h = 0; h < c.n_kv_heads; ++h) {
+            cpu::kv_load(kv, p, h, false, k_held.data() + (p * c.n_kv_heads + h) * c.head_dim);
+            cpu::kv_load(kv, p, h, true, v_held.data() + (p * c.n_kv_heads + h) * c.head_dim);
+          }
+        }
+        // The rounding itself is bounded: f16 to an ulp (2^-10 relative; Highway 1.0.3 truncates on targets without F16C), q8 to half a step (max / 254).
+        for (size_t i = 0; i < keys.size(); ++i) {
+          const double err = std::fabs(double(k_held[i]) - keys[i]);
+          const double bound = type == KvType::kF32 ? 0.0 : type == KvType::kF16 ? std::fabs(keys[i]) * 0x1p-10 + 0x1p-24 : 20.0 / 254;
+          ASSERT_LE(err, bound) << hwy::TargetName(target) << " " << cpu::kv_type_name(type) << " element " << i << " = " << keys[i];
+        }
+        const auto q = random_vector(c.n_rows * c.n_heads * c.head_dim, rng);
+        std::vector<float> want(q.size()), got(q.size(), -1.0f);
+        ref::attention(q.data(), k_held.data(), v_held.data(), c.n_rows, c.first_pos, c.n_heads, c.n_kv_heads,
+                       c.head_dim, want.data());
+        cpu::attention(q.data(), kv, c.n_rows, c.first_pos, c.n_heads, got.data());
+        EXPECT_LE(relative_l2(got, want), 1e-5) << hwy::TargetName(target) << " " << cpu::kv_type_name(type)
+                                                << " heads " << c.n_heads << "/" << c.n_kv_heads << " dim " << c.head_dim;
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// RMSNorm (bf16 weight), RoPE, SiLU-multiply and the residual add against kernels/ref, sizes with tails.
+TEST(KernelsCpu, ElementwiseOpsMatchReference) {
+  std::mt19937 rng(5);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (int64_t dim : {8, 40, 131, 4096}) {
+      const int64_t rows = 3;
+      const auto x = random_vector(rows * dim, rng, 3.0f), y = random_vector(rows * dim, rng);
+      std::vector<uint16_t> w_bf16(dim);
+      for (int64_t i = 0; i < dim; ++i) w_bf16[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(1.0f + 0.01f * i) >> 16);
+      const ref::DenseMatrix weight{DType::kBF16, 1, dim, w_bf16.data()};
+      std::vector<float> want(rows * dim), got(rows * dim);
+      ref::rms_norm(x.data(), rows, dim, weight, 1e-5f, want.data());
+      cpu::rms_norm(x.data(), rows, dim, weight, 1e-5f, got.data());
+      EXPECT_LE(relative_l2(got, want), 1e-6) << "rms_norm " << dim << " " << hwy::TargetName(target);
+
+      ref::silu_mul(x.data(), y.data(), rows * dim, want.data());
+      cpu::silu_mul(x.data(), y.data(), rows * dim, got.data());
+      EXPECT_LE(relative_l2(got, want), 1e-6) << "silu_mul " << dim << " " << hwy::TargetName(target);
+
+      want = x;
+      got = x;
+      ref::add_in_place(want.data(), y.data(), rows * dim);
+      cpu::add_in_place(got.data(), y.data(), rows * dim);
+      EXPECT_EQ(got, want) << "add " << dim;
+
+      if (dim % 2 == 0) {  // RoPE: dim = head_dim, two heads per row
+        const int64_t heads = 2, half = dim / 2;
+        auto qr = random_vector(rows * heads * dim, rng);
+        const auto angles = random_vector(rows * half, rng, 3.0f);
+        std::vector<float> cos(rows * half), sin(rows * half);
+        for (size_t i = 0; i < angles.size(); ++i) cos[i] = std::cos(angles[i]), sin[i] = std::sin(angles[i]);
+        std::vector<float> a = qr, b = qr;
+        ref::apply_rope(a.data(), rows, heads, dim, cos.data(), sin.data());
+        cpu::apply_rope(b.data(), rows, heads, dim, cos.data(), sin.data());
+        EXPECT_LE(relative_l2(b, a), 1e-6) << "rope " << dim << " " << hwy::TargetName(target);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 }  // namespace

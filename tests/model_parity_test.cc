@@ -75,7 +75,7 @@ class ModelParity : public ::testing::TestWithParam<ParityCase> {
 
 TEST_P(ModelParity, PromptProcessorMatchesTransformers) {
   for (int64_t chunk : {128, 37}) {
-    auto cache = model_->new_cache(256);
+    auto cache = model_->new_cache(256, KvType::kF32);
     ASSERT_TRUE(cache.ok());
     std::vector<float> logits;
     Status s = model_->process_prompt(tokens_, *cache, chunk, LogitsMode::kAll, &logits);
@@ -85,7 +85,7 @@ TEST_P(ModelParity, PromptProcessorMatchesTransformers) {
 }
 
 TEST_P(ModelParity, TokenGeneratorMatchesTransformers) {
-  auto cache = model_->new_cache(256);
+  auto cache = model_->new_cache(256, KvType::kF32);
   ASSERT_TRUE(cache.ok());
   std::vector<float> all, step;
   for (size_t i = 0; i < tokens_.size(); ++i) {
@@ -149,7 +149,7 @@ TEST(Generation, PromptLongerThanContextIsAClearError) {
 TEST(Model, RejectsTokenOutsideVocabularyWithoutTouchingTheCache) {
   auto model = LlamaModel::load(data_dir() / "models/aidreams260k");
   ASSERT_TRUE(model.ok());
-  auto cache = (*model)->new_cache(16);
+  auto cache = (*model)->new_cache(16, KvType::kF32);
   ASSERT_TRUE(cache.ok());
   std::vector<int32_t> tokens = {1, 512};
   std::vector<float> logits;

@@ -12,6 +12,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "petrel/util/bandwidth.h"
 #include "petrel/model/llama.h"
 #include "petrel/util/parallel.h"
 
@@ -20,6 +21,8 @@ namespace petrel::cli {
 namespace {
 
 struct BenchFlags {
+  bool bandwidth = false;
+  std::string kv_type = "f16";
   std::string model;
   std::string prompt_sizes = "512";
   std::string gen_sizes = "128";
@@ -65,14 +68,15 @@ int run_bench(const BenchFlags& f) {
   auto time_pp = [&](int64_t n) -> Result<double> {
     std::vector<int32_t> tokens(n);
     for (auto& t : tokens) t = token(rng);
-    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(std::max<int64_t>(n, 1), c.max_position_embeddings)));
+    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(std::max<int64_t>(n, 1), c.max_position_embeddings),
+                                                                        kv_type_of(f.kv_type)));
     std::vector<float> logits;
     const auto start = std::chrono::steady_clock::now();
     PETREL_RETURN_IF_ERROR((*model)->process_prompt(tokens, cache, f.chunk_size, LogitsMode::kLast, &logits));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   auto time_tg = [&](int64_t n) -> Result<double> {
-    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(n, c.max_position_embeddings)));
+    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(n, c.max_position_embeddings), kv_type_of(f.kv_type)));
     std::vector<float> logits;
     int32_t next = token(rng);
     const auto start = std::chrono::steady_clock::now();
@@ -138,13 +142,43 @@ int run_bench(const BenchFlags& f) {
   if (n_params >= 1e9) std::snprintf(params, sizeof params, "%.2f B", n_params / 1e9);
   else std::snprintf(params, sizeof params, "%.2f M", n_params / 1e6);
   const int threads = ThreadPool::global().size();
-  // Token generation runs the SIMD GEMV (kernels/cpu) on GPTQ weights; everything else is kernels/ref.
+  // GPTQ matrices run on kernels/cpu (gptq_matmul: GEMV for tg, GEMM for pp); float matrices on kernels/ref.
   const char* backend = "cpu";
+  // Bytes a generated token reads: every linear weight with its scales and zero points, the norms, one
+  // embedding row (the KV cache adds 2 * layers * positions * kv_dim * element bytes, small at these lengths).
+  const uint64_t bytes_per_token = [&] {
+    auto read_bytes = [](const LinearWeight& l) -> uint64_t {
+      if (l.kind != LinearWeight::Kind::kGptq) return l.dense.rows * l.dense.cols * dtype_size(l.dense.dtype);
+      const uint64_t groups = l.gptq.n_groups();
+      return l.gptq.rows * l.gptq.cols * l.gptq.bits / 8 + groups * l.gptq.rows * (2 + l.gptq.bits / 8.0);
+    };
+    const LlamaWeights& w = (*model)->weights();
+    uint64_t total = read_bytes(w.lm_head) + w.embed_tokens.cols * dtype_size(w.embed_tokens.dtype);
+    for (const auto& layer : w.layers) {
+      for (const LinearWeight* l : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                                    &layer.up_proj, &layer.down_proj}) {
+        total += read_bytes(*l);
+      }
+      total += 2 * c.hidden_size * dtype_size(layer.input_norm.dtype);
+    }
+    return total;
+  }();
+  const double read_gbs = f.bandwidth ? measure_read_bandwidth_gbs() : 0.0;
   if (f.output == "md") {
     std::printf("| model | size | params | backend | threads | test | t/s |\n");
     std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
     for (const auto& r : rows)
       std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model_name, size, params, backend, threads, r.test.c_str(), r.mean, r.sd);
+    if (f.bandwidth) {
+      std::printf("\n%.3f GB read per generated token; machine read bandwidth now: %.1f GB/s (floor %.2f tok/s)\n",
+                  bytes_per_token / 1e9, read_gbs, read_gbs * 1e9 / bytes_per_token);
+      for (const auto& r : rows) {
+        if (r.test.rfind("tg", 0) == 0) {
+          std::printf("%s: %.1f GB/s of weights = %.0f%% of the measured bandwidth\n", r.test.c_str(),
+                      r.mean * bytes_per_token / 1e9, 100.0 * r.mean * bytes_per_token / 1e9 / read_gbs);
+        }
+      }
+    }
   } else if (f.output == "csv") {
     std::printf("model,size,params,backend,threads,test,t/s,t/s_sd\n");
     for (const auto& r : rows)
@@ -152,8 +186,11 @@ int run_bench(const BenchFlags& f) {
   } else {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const auto& r : rows) {
-      out.push_back({{"model", model_name}, {"model_bytes", bytes}, {"params", c.parameter_count()}, {"backend", backend},
-                     {"threads", threads}, {"test", r.test}, {"avg_ts", r.mean}, {"stddev_ts", r.sd}, {"samples_ts", r.samples}});
+      nlohmann::ordered_json row = {{"model", model_name}, {"model_bytes", bytes}, {"params", c.parameter_count()},
+                                    {"backend", backend}, {"threads", threads}, {"test", r.test}, {"avg_ts", r.mean},
+                                    {"stddev_ts", r.sd}, {"samples_ts", r.samples}, {"bytes_per_token", bytes_per_token}};
+      if (f.bandwidth) row["read_bandwidth_gbs"] = read_gbs;
+      out.push_back(row);
     }
     std::printf("%s\n", out.dump(2).c_str());
   }
@@ -171,6 +208,9 @@ void add_bench_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("-r,--repetitions", f->repetitions, "Timed runs per test (after one warm-up)")->capture_default_str();
   cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores")->capture_default_str();
   cmd->add_option("-o,--output", f->output, "md, json or csv")->capture_default_str();
+  add_kv_type_option(cmd, f->kv_type);
+  cmd->add_flag("--bandwidth", f->bandwidth,
+                "Also measure the machine's read bandwidth and report bytes read per generated token against it");
   cmd->add_option("--chunk-size", f->chunk_size, "Prompt processor sequence length")->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_bench(*f); });
 }

@@ -18,6 +18,7 @@ namespace petrel::cli {
 namespace {
 
 struct ChatFlags {
+  std::string kv_type = "f16";
   std::string model, system, reasoning = "default";
   int64_t context_length = 4096;
   int64_t max_new_tokens = 512;
@@ -45,7 +46,7 @@ int run_chat(const ChatFlags& f) {
   if (f.seed >= 0) config.sampler.seed = static_cast<uint64_t>(f.seed);
   config.max_new_tokens = f.max_new_tokens;
 
-  Session session(*engine, f.context_length);
+  Session session(*engine, f.context_length, kv_type_of(f.kv_type));
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
   const bool tty = ::isatty(0) && ::isatty(1);
@@ -104,6 +105,7 @@ void add_chat_command(CLI::App& app, CliContext& ctx) {
   CLI::App* cmd = app.add_subcommand("chat", "Interactive multi-turn chat (the KV cache is reused across turns)");
   cmd->add_option("model", f->model, "Bundle, BUNDLE/config.json, or checkpoint directory")->required();
   cmd->add_option("--system", f->system, "System message");
+  add_kv_type_option(cmd, f->kv_type);
   cmd->add_option("--reasoning", f->reasoning, "on, off or default (Nemotron: detailed thinking on/off)")->capture_default_str();
   cmd->add_option("--context-length", f->context_length, "KV cache positions")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", f->max_new_tokens, "Longest answer")->capture_default_str();

@@ -1,5 +1,5 @@
 // petrel doctor: what this machine offers petrel: CPU, SIMD features, threads, the kernel variant in use,
-// the BLAS kernels GPTQ gets, and NVIDIA GPUs if any.
+// the BLAS kernels GPTQ gets, and NVIDIA GPUs (through the CUDA backend when it is built).
 #include <cblas.h>
 
 #include <cstdio>
@@ -9,7 +9,8 @@
 #include <thread>
 
 #include "commands.h"
-#include "petrel/kernels/cpu/gemv_w4.h"
+#include "petrel/kernels/cpu/gptq_matmul.h"
+#include "petrel/kernels/cuda/device.h"
 
 namespace petrel::cli {
 
@@ -40,11 +41,31 @@ int run_doctor() {
   for (auto [name, present] : features) std::printf(" %s%s", present ? "+" : "-", name);
   std::printf("\n");
 #endif
-  std::printf("kernels:         GEMV %s (Highway, best target of this CPU); the rest kernels/ref\n", cpu::best_target_name());
+  std::printf("kernels:         Highway target %s; W4A16 matmul: %s\n", cpu::best_target_name(),
+              cpu::gptq_matmul_variant());
   const char* core = openblas_get_corename();
   std::printf("blas (GPTQ):     OpenBLAS %s kernels, %d threads%s\n", core ? core : "?", openblas_get_num_threads(),
               core && std::strcmp(core, "Prescott") == 0 ? " (generic: set OPENBLAS_CORETYPE=SkylakeX or Haswell)" : "");
-  // GPUs: the driver's view, without linking CUDA (this build has no CUDA backend yet).
+  // GPUs: the CUDA runtime's view when the backend is built; otherwise what nvidia-smi says, so that a user
+  // with a GPU learns that this build cannot use it.
+  if (cuda::built_with_cuda()) {
+    std::printf("cuda backend:    built (CUDA runtime %s, driver %s)\n", cuda::runtime_version().c_str(),
+                cuda::driver_version().c_str());
+    auto devices = cuda::list_devices();
+    if (!devices.ok()) {
+      std::printf("gpus:            error: %s\n", devices.status().to_string().c_str());
+    } else if (devices->empty()) {
+      std::printf("gpus:            none (%s)\n", cuda::no_device_reason().c_str());
+    } else {
+      std::printf("gpus:\n");
+      for (const cuda::DeviceInfo& d : *devices) {
+        std::printf("  gpu %d: %s, %.1f GiB, compute capability %d.%d, %d SMs, %.0f MiB L2\n", d.index, d.name.c_str(),
+                    d.total_memory_bytes / double(1 << 30), d.compute_major, d.compute_minor, d.multiprocessors,
+                    d.l2_cache_bytes / double(1 << 20));
+      }
+    }
+    return 0;
+  }
   std::FILE* smi = ::popen("nvidia-smi --query-gpu=index,name,memory.total,compute_cap --format=csv,noheader 2>/dev/null", "r");
   std::string gpus;
   if (smi) {
@@ -54,7 +75,7 @@ int run_doctor() {
   }
   if (gpus.empty()) std::printf("gpus:            none found (no nvidia-smi or no NVIDIA driver)\n");
   else std::printf("gpus:\n%s", gpus.c_str());
-  std::printf("cuda backend:    not built (arrives with the CUDA backend)\n");
+  std::printf("cuda backend:    not built (configure with nvcc available, -DPETREL_CUDA=ON)\n");
   return 0;
 }
 

@@ -13,6 +13,7 @@ namespace petrel::cli {
 namespace {
 
 struct LogitsFlags {
+  std::string kv_type = "f16";
   std::string model_dir;
   std::string tokens_file;
   std::string out;
@@ -31,7 +32,8 @@ int run_logits(const LogitsFlags& f) {
   auto model = LlamaModel::load(f.model_dir);
   if (!model.ok()) return report_error("logits", model.status());
   const int64_t n = static_cast<int64_t>(tokens->size()), vocab = (*model)->config().vocab_size;
-  auto cache = (*model)->new_cache(std::min<int64_t>(n, (*model)->config().max_position_embeddings));
+  auto cache = (*model)->new_cache(std::min<int64_t>(n, (*model)->config().max_position_embeddings),
+                                   kv_type_of(f.kv_type));
   if (!cache.ok()) return report_error("logits", cache.status());
   std::vector<float> logits;
   if (!f.token_generator) {
@@ -63,6 +65,7 @@ void add_logits_command(CLI::App& app, CliContext& ctx) {
   cmd->add_flag("--token-generator", flags->token_generator,
                 "Compute one token at a time (the token generator path) instead of prompt chunks");
   cmd->add_option("--chunk-size", flags->chunk_size, "Prompt processor sequence length")->capture_default_str();
+  add_kv_type_option(cmd, flags->kv_type);
   cmd->add_option("-t,--threads", flags->threads, "Worker threads; 0 = all cores")->capture_default_str();
   cmd->callback([flags, &ctx] { ctx.exit_code = run_logits(*flags); });
 }

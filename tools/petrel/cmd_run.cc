@@ -25,6 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct RunFlags {
+  std::string kv_type = "f16";
   std::string config, model, prompt, prompt_file, tokens_file, profile, log = "warn";
   int64_t max_new_tokens = -1;
   int threads = 0;
@@ -82,7 +83,7 @@ int run_run(const RunFlags& f) {
   const Tokenizer* tokenizer = (*engine)->tokenizer();
   if (!tokenizer) return report_error(cmd, not_found(model_path + ": no tokenizer.json beside the model"));
   if (f.max_new_tokens >= 0) options.max_new_tokens = f.max_new_tokens;
-  Session session(*engine, context_length);
+  Session session(*engine, context_length, kv_type_of(f.kv_type));
   create.stop_us = wall_clock_us();
   if (level >= LogLevel::kInfo) {
     std::fprintf(stderr, "petrel run: loaded %s in %.1f ms\n", model_path.c_str(), (create.stop_us - create.start_us) / 1e3);
@@ -158,6 +159,7 @@ void add_run_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--log", f->log, "error, warn, info or verbose")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", f->max_new_tokens,
                   "Extension: stop after this many tokens (default: the config's max-num-tokens, else the context)");
+  add_kv_type_option(cmd, f->kv_type);
   cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores (the config's n-threads is advisory)")->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_run(*f); });
 }

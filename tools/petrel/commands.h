@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "petrel/kernels/cpu/ops.h"
 #include "petrel/util/status.h"
 
 namespace petrel::cli {
@@ -18,6 +19,10 @@ struct CliContext {
 // Prints "petrel <command>: error: <message>" to stderr and returns the exit code for the status:
 // 0 ok, 2 invalid argument / not found, 3 invalid or unsupported data, 4 I/O, 1 anything else.
 int report_error(const std::string& command, const Status& status);
+
+// --kv-type f16|q8|f32: the KV cache's element type (f16 by default). kv_type_of maps the checked name.
+void add_kv_type_option(CLI::App* cmd, std::string& value);
+cpu::KvType kv_type_of(const std::string& name);
 
 void add_generate_command(CLI::App& app, CliContext& ctx);
 void add_logits_command(CLI::App& app, CliContext& ctx);

@@ -4,6 +4,17 @@
 
 namespace petrel::cli {
 
+void add_kv_type_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--kv-type", value, "KV cache element type: f16 (default), q8 (int8 + scale per position and head), "
+                                      "f32 (reference numerics)")
+      ->check(CLI::IsMember({"f16", "q8", "f32"}))
+      ->capture_default_str();
+}
+
+cpu::KvType kv_type_of(const std::string& name) {
+  return name == "f32" ? cpu::KvType::kF32 : name == "q8" ? cpu::KvType::kQ8 : cpu::KvType::kF16;
+}
+
 int report_error(const std::string& command, const Status& status) {
   if (status.ok()) return 0;
   std::fprintf(stderr, "petrel %s: error: %s\n", command.c_str(), status.to_string().c_str());

@@ -3,7 +3,8 @@
 #include <algorithm>
 
 #include "petrel/io/bundle.h"
-#include "petrel/kernels/cpu/gemv_w4.h"
+#include "petrel/kernels/cpu/gptq_matmul.h"
+#include "petrel/kernels/cpu/ops.h"
 #include "petrel/model/rope.h"
 
 namespace petrel {
@@ -104,9 +105,9 @@ void linear(const float* x, int64_t n_rows, const LinearWeight& w, float* y) { l
 
 void linear_forward(const float* x, int64_t n_rows, const LinearWeight& w, float* y) {
   if (w.kind == LinearWeight::Kind::kGptq) {
-    // The token generator's shape (and tiny batches): the SIMD GEMV reads the GPTQ words in place.
-    if (n_rows <= 4 && cpu::gemv_w4_gptq_supports(w.gptq)) {
-      for (int64_t r = 0; r < n_rows; ++r) cpu::gemv_w4_gptq(x + r * w.gptq.cols, w.gptq, y + r * w.gptq.rows);
+    // The SIMD kernels read the GPTQ words in place: GEMV for one row, GEMM for a chunk.
+    if (cpu::gptq_matmul_supports(w.gptq)) {
+      cpu::gptq_matmul(x, n_rows, w.gptq, y);
       return;
     }
     ref::matmul(x, n_rows, w.gptq, y);
@@ -180,12 +181,12 @@ Status LlamaModel::bind_weights() {
   return ok_status();
 }
 
-Result<KvCache> LlamaModel::new_cache(int64_t context_length) const {
+Result<KvCache> LlamaModel::new_cache(int64_t context_length, KvType type) const {
   if (context_length <= 0 || context_length > config_.max_position_embeddings) {
     return invalid_argument("context length " + std::to_string(context_length) + " must be in [1, " +
                             std::to_string(config_.max_position_embeddings) + "] (max_position_embeddings)");
   }
-  return KvCache(context_length, config_.num_hidden_layers, config_.kv_dim());
+  return KvCache(context_length, config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim, type);
 }
 
 // One forward pass over n tokens, in the order of transformers' LlamaDecoderLayer.forward.
@@ -194,7 +195,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, Logi
   const LlamaConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return invalid_argument("forward: no tokens");
-  if (cache.n_layers != c.num_hidden_layers || cache.kv_dim != c.kv_dim()) {
+  if (cache.n_layers != c.num_hidden_layers || cache.n_kv_heads != c.num_key_value_heads || cache.head_dim != c.head_dim) {
     return invalid_argument("forward: the KV cache was made for another model shape");
   }
   if (n > cache.remaining()) {
@@ -215,6 +216,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, Logi
   std::vector<float> x(n * h);          // the residual stream [n, hidden]
   std::vector<float> normed(n * h);     // [n, hidden]
   std::vector<float> q(n * c.q_dim());  // [n, n_heads * head_dim]
+  std::vector<float> k(n * c.kv_dim()), v(n * c.kv_dim());  // this chunk's keys and values, before the cache
   std::vector<float> attn(n * c.q_dim());
   std::vector<float> proj(n * h);
   std::vector<float> gate(n * c.intermediate_size), up(n * c.intermediate_size);
@@ -228,27 +230,26 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, Logi
     const LlamaLayerWeights& w = weights_.layers[l];
     const std::string name = "layer" + std::to_string(l);
     // Self-attention block: x = x + o_proj(attention(rope(q), rope(k), v)).
-    ref::rms_norm(x.data(), n, h, w.input_norm, eps, normed.data());
-    float* keys = cache.layer_keys(l) + first_pos * c.kv_dim();  // this chunk's slots in the cache
-    float* values = cache.layer_values(l) + first_pos * c.kv_dim();
+    cpu::rms_norm(x.data(), n, h, w.input_norm, eps, normed.data());
     linear(normed.data(), n, w.q_proj, q.data());
-    linear(normed.data(), n, w.k_proj, keys);
-    linear(normed.data(), n, w.v_proj, values);
-    ref::apply_rope(q.data(), n, c.num_attention_heads, c.head_dim, cos.data(), sin.data());
-    ref::apply_rope(keys, n, c.num_key_value_heads, c.head_dim, cos.data(), sin.data());
-    ref::attention(q.data(), cache.layer_keys(l), cache.layer_values(l), n, first_pos, c.num_attention_heads,
-                   c.num_key_value_heads, c.head_dim, attn.data());
+    linear(normed.data(), n, w.k_proj, k.data());
+    linear(normed.data(), n, w.v_proj, v.data());
+    cpu::apply_rope(q.data(), n, c.num_attention_heads, c.head_dim, cos.data(), sin.data());
+    cpu::apply_rope(k.data(), n, c.num_key_value_heads, c.head_dim, cos.data(), sin.data());
+    const cpu::KvLayer kv = cache.layer(l);
+    cpu::kv_store(kv, first_pos, n, k.data(), v.data());
+    cpu::attention(q.data(), kv, n, first_pos, c.num_attention_heads, attn.data());
     linear(attn.data(), n, w.o_proj, proj.data());
     observe(name + ".attn_out", proj.data(), h);
-    ref::add_in_place(x.data(), proj.data(), n * h);
+    cpu::add_in_place(x.data(), proj.data(), n * h);
     // Feed-forward block: x = x + down_proj(silu(gate_proj(x)) * up_proj(x)).
-    ref::rms_norm(x.data(), n, h, w.post_attn_norm, eps, normed.data());
+    cpu::rms_norm(x.data(), n, h, w.post_attn_norm, eps, normed.data());
     linear(normed.data(), n, w.gate_proj, gate.data());
     linear(normed.data(), n, w.up_proj, up.data());
-    ref::silu_mul(gate.data(), up.data(), n * c.intermediate_size, gate.data());
+    cpu::silu_mul(gate.data(), up.data(), n * c.intermediate_size, gate.data());
     linear(gate.data(), n, w.down_proj, proj.data());
     observe(name + ".mlp_out", proj.data(), h);
-    ref::add_in_place(x.data(), proj.data(), n * h);
+    cpu::add_in_place(x.data(), proj.data(), n * h);
     observe(name + ".out", x.data(), h);
   }
   cache.n_past += n;
@@ -256,7 +257,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, Logi
   if (mode == LogitsMode::kNone) return ok_status();
   const int64_t first_row = mode == LogitsMode::kLast ? n - 1 : 0;
   const int64_t rows = n - first_row;
-  ref::rms_norm(x.data() + first_row * h, rows, h, weights_.final_norm, eps, normed.data());
+  cpu::rms_norm(x.data() + first_row * h, rows, h, weights_.final_norm, eps, normed.data());
   logits->resize(rows * c.vocab_size);
   linear(normed.data(), rows, weights_.lm_head, logits->data());
   return ok_status();

@@ -88,8 +88,9 @@ class LlamaModel {
   bool is_quantized() const { return config_.quantization.has_value(); }
   const TensorSource& tensors() const { return *source_; }
 
-  // A cache for `context_length` positions (at most max_position_embeddings).
-  Result<KvCache> new_cache(int64_t context_length) const;
+  // A cache for `context_length` positions (at most max_position_embeddings). kF32 keeps the reference
+  // numerics (parity tests); kF16 is the runtime's default; kQ8 quarters the memory of kF32.
+  Result<KvCache> new_cache(int64_t context_length, KvType type = KvType::kF16) const;
 
   // Runs `tokens` at positions cache.n_past ... through the model as one batch and appends them to the
   // cache. Fails with kOutOfRange, changing nothing, when they do not fit in the context.

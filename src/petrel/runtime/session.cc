@@ -23,9 +23,11 @@ Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const M
   return engine;
 }
 
-Session::Session(std::shared_ptr<const Engine> engine, int64_t context_length) : engine_(std::move(engine)) {
+Session::Session(std::shared_ptr<const Engine> engine, int64_t context_length, KvType kv_type)
+    : engine_(std::move(engine)) {
   const LlamaConfig& c = engine_->model().config();
-  cache_ = KvCache(std::min(context_length, c.max_position_embeddings), c.num_hidden_layers, c.kv_dim());
+  cache_ = KvCache(std::min(context_length, c.max_position_embeddings), c.num_hidden_layers, c.num_key_value_heads,
+                   c.head_dim, kv_type);
 }
 
 void Session::reset() {
@@ -112,21 +114,42 @@ Result<QueryResult> Session::query(const nlohmann::ordered_json& messages, const
 
 namespace {
 constexpr char kKvMagic[8] = {'P', 'E', 'T', 'R', 'E', 'L', 'K', 'V'};
-constexpr uint32_t kKvVersion = 1;
+constexpr uint32_t kKvVersion = 2;  // 2: the element type in the header, scales after each layer's kQ8 rows
+constexpr size_t kKvHeaderFields = 6;
+
+// The bytes of layer l's keys or values (and kQ8 scales) for the first n positions, in file order.
+struct LayerSpans {
+  uint8_t* rows;
+  size_t row_bytes;
+  float* scales;
+  size_t scale_bytes;
+};
+LayerSpans layer_spans(KvCache& cache, int64_t l, bool values, int64_t n) {
+  const cpu::KvLayer kv = cache.layer(l);
+  LayerSpans s;
+  s.rows = static_cast<uint8_t*>(values ? kv.values : kv.keys);
+  s.row_bytes = n * cache.kv_dim * cpu::kv_element_bytes(cache.type);
+  s.scales = values ? kv.value_scales : kv.key_scales;
+  s.scale_bytes = s.scales ? n * cache.n_kv_heads * sizeof(float) : 0;
+  return s;
+}
 }  // namespace
 
 Status Session::save(const fs::path& path) const {
   PETREL_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(path));
-  const int64_t header[5] = {cache_.n_layers, cache_.kv_dim, cache_.context_length, cache_.n_past,
-                             static_cast<int64_t>(history_.size())};
+  const int64_t header[kKvHeaderFields] = {cache_.n_layers, cache_.kv_dim, cache_.context_length, cache_.n_past,
+                                           static_cast<int64_t>(history_.size()), static_cast<int64_t>(cache_.type)};
   PETREL_RETURN_IF_ERROR(writer->write(kKvMagic, sizeof kKvMagic));
   PETREL_RETURN_IF_ERROR(writer->write(&kKvVersion, sizeof kKvVersion));
   PETREL_RETURN_IF_ERROR(writer->write(header, sizeof header));
   PETREL_RETURN_IF_ERROR(writer->write(history_.data(), history_.size() * sizeof(int32_t)));
-  KvCache& cache = const_cast<KvCache&>(cache_);  // layer accessors are non-const; nothing is modified
+  KvCache& cache = const_cast<KvCache&>(cache_);  // layer views are non-const; nothing is modified
   for (int64_t l = 0; l < cache_.n_layers; ++l) {
-    PETREL_RETURN_IF_ERROR(writer->write(cache.layer_keys(l), cache_.n_past * cache_.kv_dim * sizeof(float)));
-    PETREL_RETURN_IF_ERROR(writer->write(cache.layer_values(l), cache_.n_past * cache_.kv_dim * sizeof(float)));
+    for (bool values : {false, true}) {
+      const LayerSpans s = layer_spans(cache, l, values, cache_.n_past);
+      PETREL_RETURN_IF_ERROR(writer->write(s.rows, s.row_bytes));
+      if (s.scale_bytes) PETREL_RETURN_IF_ERROR(writer->write(s.scales, s.scale_bytes));
+    }
   }
   return writer->commit();
 }
@@ -134,37 +157,44 @@ Status Session::save(const fs::path& path) const {
 Status Session::restore(const fs::path& path) {
   PETREL_ASSIGN_OR_RETURN(std::string bytes, read_text_file(path));
   const std::string where = path.string();
-  const size_t header_size = sizeof kKvMagic + sizeof kKvVersion + 5 * sizeof(int64_t);
-  if (bytes.size() < header_size || std::memcmp(bytes.data(), kKvMagic, sizeof kKvMagic) != 0) {
+  const size_t header_size = sizeof kKvMagic + sizeof kKvVersion + kKvHeaderFields * sizeof(int64_t);
+  if (bytes.size() < sizeof kKvMagic + sizeof kKvVersion || std::memcmp(bytes.data(), kKvMagic, sizeof kKvMagic) != 0) {
     return invalid_data(where + ": not a petrel KV state file");
   }
   uint32_t version;
   std::memcpy(&version, bytes.data() + 8, sizeof version);
-  if (version != kKvVersion) return unsupported(where + ": KV state version " + std::to_string(version));
-  int64_t h[5];
+  if (version != kKvVersion) return unsupported(where + ": KV state version " + std::to_string(version) + ", expected " + std::to_string(kKvVersion));
+  if (bytes.size() < header_size) return invalid_data(where + ": truncated header");
+  int64_t h[kKvHeaderFields];
   std::memcpy(h, bytes.data() + 12, sizeof h);
   if (h[0] != cache_.n_layers || h[1] != cache_.kv_dim) {
     return invalid_data(where + ": saved for " + std::to_string(h[0]) + " layers x " + std::to_string(h[1]) +
                         " KV width, this model has " + std::to_string(cache_.n_layers) + " x " + std::to_string(cache_.kv_dim));
+  }
+  if (h[5] != static_cast<int64_t>(cache_.type)) {
+    return invalid_data(where + ": saved with a " + std::string(cpu::kv_type_name(static_cast<KvType>(h[5]))) +
+                        " KV cache, this session's is " + cpu::kv_type_name(cache_.type));
   }
   const int64_t n_past = h[3], n_history = h[4];
   if (n_past < 0 || n_past > cache_.context_length || n_history != n_past) {
     return invalid_data(where + ": " + std::to_string(n_past) + " saved positions do not fit this session's context of " +
                         std::to_string(cache_.context_length));
   }
-  const size_t expected = header_size + n_history * sizeof(int32_t) + 2 * cache_.n_layers * n_past * cache_.kv_dim * sizeof(float);
+  const size_t expected = header_size + n_history * sizeof(int32_t) + 2 * cache_.n_layers * cache_.layer_bytes(n_past);
   if (bytes.size() != expected) {
     return invalid_data(where + ": " + std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected) + " (truncated?)");
   }
   const char* p = bytes.data() + header_size;
   history_.assign(reinterpret_cast<const int32_t*>(p), reinterpret_cast<const int32_t*>(p) + n_history);
   p += n_history * sizeof(int32_t);
-  const size_t layer_bytes = n_past * cache_.kv_dim * sizeof(float);
   for (int64_t l = 0; l < cache_.n_layers; ++l) {
-    std::memcpy(cache_.layer_keys(l), p, layer_bytes);
-    p += layer_bytes;
-    std::memcpy(cache_.layer_values(l), p, layer_bytes);
-    p += layer_bytes;
+    for (bool values : {false, true}) {
+      const LayerSpans s = layer_spans(cache_, l, values, n_past);
+      std::memcpy(s.rows, p, s.row_bytes);
+      p += s.row_bytes;
+      if (s.scale_bytes) std::memcpy(s.scales, p, s.scale_bytes);
+      p += s.scale_bytes;
+    }
   }
   cache_.n_past = n_past;
   return ok_status();

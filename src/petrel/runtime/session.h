@@ -76,7 +76,8 @@ class Engine {
 
 class Session {
  public:
-  Session(std::shared_ptr<const Engine> engine, int64_t context_length);
+  // kv_type: the KV cache's element type (f16 by default; q8 quarters float32's memory, f32 is the reference).
+  Session(std::shared_ptr<const Engine> engine, int64_t context_length, KvType kv_type = KvType::kF16);
 
   // Appends `tokens` to the dialog and generates. Fails with kOutOfRange ("Context Size was exceeded") when
   // they do not fit, leaving the session as it was.

@@ -1,0 +1,323 @@
+// petrel_bench_gemv_cuda: the CUDA W4A16 GEMV on Llama-3.1-8B's decode shapes, against the device's own
+// copy bandwidth measured in the same run.
+//
+//   petrel_bench_gemv_cuda [--sweep] [--reps N] [--calls N] [--json FILE]
+//
+// For each shape: random GPTQ tensors (speed does not depend on the values), checked once against
+// ref::matmul (x rounded to fp16, as the tensor-core kernel multiplies it); then the median over --reps of
+// the time per call of --calls back-to-back calls, timed with CUDA events, launched on a stream and replayed
+// from a CUDA graph. The calls rotate over enough copies of the weights (>= 256 MB) that they come from
+// device memory, not the 50-60 MB L2. GB/s counts the weight bytes (qweight, scales, zeros) over the time;
+// "% copy" compares that with a device-to-device cudaMemcpy of 1 GiB, counting its bytes read plus written.
+// --sweep also times the tensor-core kernel at fixed k_splits, to check the planner's choice.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/ref/ops.h"
+#include "petrel/quant/format.h"
+#include "petrel/util/dtype.h"
+
+// read_bandwidth.cu: a streaming read kernel, the ceiling for a kernel that only reads.
+double read_bandwidth_gbs(const void* data, size_t bytes, int multiprocessors, cudaStream_t stream, int reps);
+double pattern_read_gbs(const void* buffer, size_t buffer_bytes, int64_t rows, int64_t words, int splits, bool tiled,
+                        cudaStream_t stream, int reps, int calls);
+
+namespace {
+
+using namespace petrel;
+
+#define CHECK_CUDA(call)                                                                              \
+  do {                                                                                                \
+    cudaError_t e_ = (call);                                                                          \
+    if (e_ != cudaSuccess) {                                                                          \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));     \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+void check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+template <typename T>
+T take(Result<T> r, const char* what) {
+  check(r.status(), what);
+  return std::move(r).value();
+}
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+  int bits;
+  int64_t group;  // -1: per-channel
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Random GPTQ tensors of the right shape, packed as quant::pack_gptq would (v1 zeros).
+quant::GptqTensors random_gptq(const Shape& s, std::mt19937& rng) {
+  quant::GptqTensors t;
+  t.bits = s.bits;
+  t.rows = s.rows;
+  t.cols = s.cols;
+  t.group_size = s.group < 0 ? s.cols : s.group;
+  t.zero_offset = 1;
+  const int64_t groups = s.cols / t.group_size;
+  t.qweight.resize(s.cols * s.bits / 32 * s.rows);
+  t.scales.resize(groups * s.rows);
+  t.qzeros.resize(groups * s.rows * s.bits / 32);
+  std::uniform_int_distribution<uint32_t> word;
+  std::uniform_real_distribution<float> scale(0.002f, 0.02f);
+  for (int32_t& w : t.qweight) w = static_cast<int32_t>(word(rng));
+  for (int32_t& w : t.qzeros) w = static_cast<int32_t>(word(rng));
+  for (uint16_t& h : t.scales) h = f32_to_f16(scale(rng));
+  return t;
+}
+
+struct Timing {
+  double stream_us = 0, graph_us = 0;
+};
+
+// Median time per call of `calls` calls over `reps` repetitions, on a stream and as a replayed graph.
+Timing time_gemv(const std::vector<cuda::DeviceGptqMatrix>& copies, const float* x, float* y,
+                 cuda::GemvWorkspace& ws, cudaStream_t stream, const cuda::GemvOptions& options, int reps, int calls) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  auto launch_all = [&] {
+    for (int c = 0; c < calls; ++c) check(cuda::gemv_gptq(copies[c % copies.size()], x, y, ws, stream, options), "gemv");
+  };
+  Timing t;
+  std::vector<double> samples;
+  launch_all();  // warm-up: module load, first-touch
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    launch_all();
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1000.0 / calls);
+  }
+  t.stream_us = median(samples);
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch_all();
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  samples.clear();
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1000.0 / calls);
+  }
+  t.graph_us = median(samples);
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaGetLastError());
+  return t;
+}
+
+// Device-to-device copy bandwidth, bytes read plus bytes written per second (GB/s).
+double copy_bandwidth_gbs(cudaStream_t stream, int reps) {
+  const size_t bytes = size_t{1} << 30;
+  auto src = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
+  auto dst = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
+  check(src.fill_bytes(1), "memset");
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+const char* algorithm_name(cuda::GemvAlgorithm a) {
+  switch (a) {
+    case cuda::GemvAlgorithm::kTensorCore: return "tensor core";
+    case cuda::GemvAlgorithm::kCudaCore: return "cuda core";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 30, calls = 50;
+  bool sweep = false;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--sweep") sweep = true;
+    else if (arg == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
+    else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--calls N] [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  auto devices = take(cuda::list_devices(), "list_devices");
+  if (devices.empty()) {
+    std::fprintf(stderr, "no CUDA device: %s\n", cuda::no_device_reason().c_str());
+    return 1;
+  }
+  const cuda::DeviceInfo& dev = devices[0];
+  check(cuda::set_device(0), "set_device");
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto ws = take(cuda::GemvWorkspace::create(), "workspace");
+
+  const double copy_gbs = copy_bandwidth_gbs(stream, 20);
+  double read_gbs = 0;
+  {
+    auto buffer = take(cuda::DeviceBuffer::allocate(size_t{1} << 30), "alloc");
+    check(buffer.fill_bytes(3), "memset");
+    read_gbs = read_bandwidth_gbs(buffer.data(), buffer.size(), dev.multiprocessors, stream, 20);
+    if (sweep) {
+      // The GEMV's loads alone, in the GPTQ layout and in a tiled one (each block's bytes contiguous), launched
+      // on a stream (so about 1 us per call of launch gap is included, as in the "stream" column below).
+      std::printf("| loads only: rows x words (int32) | k_splits | GPTQ layout GB/s | tiled layout GB/s |\n|---|---|---|---|\n");
+      const int64_t cases[][3] = {{4096, 512, 16}, {14336, 512, 4}, {14336, 512, 16}, {4096, 1792, 16},
+                                  {128256, 1024, 1}, {128256, 1024, 4}};
+      for (const auto& c : cases) {
+        const double gptq = pattern_read_gbs(buffer.data(), buffer.size(), c[0], c[1], int(c[2]), false, stream, 20, 50);
+        const double tiled = pattern_read_gbs(buffer.data(), buffer.size(), c[0], c[1], int(c[2]), true, stream, 20, 50);
+        std::printf("| %lld x %lld | %lld | %.0f | %.0f |\n", (long long)c[0], (long long)c[1], (long long)c[2], gptq, tiled);
+      }
+      std::printf("\n");
+    }
+  }
+  std::printf("device: %s, %d SMs, %.0f MiB L2, CUDA runtime %s, driver %s\n", dev.name.c_str(), dev.multiprocessors,
+              dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
+  std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
+  std::printf("streaming read kernel (1 GiB, 16-byte loads): %.0f GB/s\n\n", read_gbs);
+
+  const Shape shapes[] = {
+      {"tiny 128x256 (launch cost)", 128, 256, 4, -1},
+      {"q/o_proj 4096x4096", 4096, 4096, 4, -1},      {"q/o_proj 4096x4096", 4096, 4096, 4, 128},
+      {"k/v_proj 1024x4096", 1024, 4096, 4, -1},      {"k/v_proj 1024x4096", 1024, 4096, 4, 128},
+      {"gate/up 14336x4096", 14336, 4096, 4, -1},     {"gate/up 14336x4096", 14336, 4096, 4, 128},
+      {"down 4096x14336", 4096, 14336, 4, -1},        {"down 4096x14336", 4096, 14336, 4, 128},
+      {"lm_head 128256x4096 (8-bit)", 128256, 4096, 8, -1},
+  };
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("| shape | group | algorithm | k_splits | weight MB | floor us | us/call (stream) | us/call (graph) | "
+              "weight GB/s | %% of copy | rel L2 vs ref |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::mt19937 rng(5);
+  for (const Shape& s : shapes) {
+    const quant::GptqTensors host = random_gptq(s, rng);
+    const ref::GptqMatrix hm = host.view();
+    auto first = take(cuda::DeviceGptqWeights::upload(hm), "upload");
+    const int64_t weight_bytes = first.view().weight_bytes();
+    // Copies of the weights so that the calls stream from device memory, not L2.
+    const int n_copies = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / weight_bytes + 1, 1, 64));
+    std::vector<cuda::DeviceBuffer> owned;
+    std::vector<cuda::DeviceGptqMatrix> copies = {first.view()};
+    const size_t qweight_bytes = s.cols * s.bits / 32 * s.rows * 4, scales_bytes = hm.n_groups() * s.rows * 2,
+                 qzeros_bytes = hm.n_groups() * s.rows * s.bits / 32 * 4;
+    auto copy_of = [&](const void* src, size_t bytes) {
+      owned.push_back(take(cuda::DeviceBuffer::allocate(bytes), "alloc copy"));
+      CHECK_CUDA(cudaMemcpy(owned.back().data(), src, bytes, cudaMemcpyDeviceToDevice));
+      return owned.back().data();
+    };
+    for (int c = 1; c < n_copies; ++c) {
+      cuda::DeviceGptqMatrix v = first.view();
+      v.qweight = static_cast<const int32_t*>(copy_of(v.qweight, qweight_bytes));
+      v.scales = static_cast<const uint16_t*>(copy_of(v.scales, scales_bytes));
+      v.qzeros = static_cast<const int32_t*>(copy_of(v.qzeros, qzeros_bytes));
+      copies.push_back(v);
+    }
+    std::vector<float> x(s.cols), x16(s.cols), want(s.rows), got(s.rows);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : x) v = normal(rng);
+    for (int64_t i = 0; i < s.cols; ++i) x16[i] = f16_to_f32(f32_to_f16(x[i]));
+    auto x_dev = take(cuda::DeviceBuffer::allocate(s.cols * 4), "alloc x");
+    auto y_dev = take(cuda::DeviceBuffer::allocate(s.rows * 4), "alloc y");
+    check(x_dev.upload(x.data(), s.cols * 4), "upload x");
+    ref::matmul(x16.data(), 1, hm, want.data());
+
+    std::vector<cuda::GemvOptions> configs = {{cuda::GemvAlgorithm::kTensorCore, 0}, {cuda::GemvAlgorithm::kCudaCore, 0}};
+    if (sweep) {
+      for (int k : {1, 2, 4, 8, 16, 32}) configs.push_back({cuda::GemvAlgorithm::kTensorCore, k});
+    }
+    const int64_t io_bytes = s.cols * 4 + s.rows * 4;
+    for (const cuda::GemvOptions& options : configs) {
+      auto plan = cuda::plan_gemv_gptq(first.view(), ws.multiprocessors(), ws.partial_capacity(), options);
+      if (!plan.ok()) continue;  // a fixed split this shape cannot take
+      check(y_dev.fill_bytes(0xFF), "poison y");
+      check(cuda::gemv_gptq(first.view(), x_dev.as<float>(), y_dev.as<float>(), ws, stream, options), "gemv");
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      check(y_dev.download(got.data(), s.rows * 4), "download y");
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < s.rows; ++i) {
+        diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+        norm += double(want[i]) * want[i];
+      }
+      const double rel = std::isfinite(diff) ? std::sqrt(diff / norm) : INFINITY;
+      const Timing t = time_gemv(copies, x_dev.as<float>(), y_dev.as<float>(), ws, stream, options, reps, calls);
+      const double gbs = weight_bytes / (t.graph_us * 1e-6) / 1e9;
+      const double floor_us = (weight_bytes + io_bytes) / (copy_gbs * 1e9) * 1e6;
+      const std::string group = s.group < 0 ? "channel" : std::to_string(s.group);
+      std::printf("| %s | %s | %s | %s%d | %.1f | %.2f | %.2f | %.2f | %.0f | %.0f%% | %.1e |\n", s.name, group.c_str(),
+                  algorithm_name(options.algorithm), options.k_splits == 0 ? "auto " : "", plan->k_splits,
+                  weight_bytes / 1e6, floor_us, t.stream_us, t.graph_us, gbs, 100.0 * gbs / copy_gbs, rel);
+      std::fflush(stdout);
+      results.push_back({{"shape", s.name}, {"rows", s.rows}, {"cols", s.cols}, {"bits", s.bits}, {"group", group},
+                         {"algorithm", algorithm_name(options.algorithm)}, {"k_splits_auto", options.k_splits == 0},
+                         {"k_splits", plan->k_splits}, {"weight_bytes", weight_bytes}, {"floor_us", floor_us},
+                         {"stream_us", t.stream_us}, {"graph_us", t.graph_us}, {"weight_gbs", gbs},
+                         {"copy_gbs", copy_gbs}, {"rel_l2", rel}});
+    }
+  }
+  if (!json_path.empty()) {
+    nlohmann::json doc = {{"device", dev.name}, {"copy_gbs", copy_gbs}, {"read_gbs", read_gbs}, {"reps", reps}, {"calls", calls},
+                          {"results", results}};
+    std::ofstream(json_path) << doc.dump(2) << "\n";
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

@@ -1,0 +1,523 @@
+// Compiled once per Highway target via foreach_target.h; see gptq_matmul.h for the layout and the math.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "petrel/kernels/cpu/gptq_matmul.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "petrel/kernels/cpu/gptq_matmul.h"
+#include "petrel/util/parallel.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
+// GCC 12 reports the deliberately undefined upper lanes inside its own AVX-512 cast intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#ifndef PETREL_GEMV_PREFETCH
+#define PETREL_GEMV_PREFETCH 256
+#endif
+#ifndef PETREL_GPTQ_MATMUL_SHARED
+#define PETREL_GPTQ_MATMUL_SHARED
+namespace petrel::cpu::detail {
+
+// Largest int16 code: |q| <= 32639 keeps the high byte of q = 256 hi + lo (lo in [-128, 127]) within int8.
+constexpr int kMaxCode = 32639;
+constexpr int64_t kMaxBlock = 128;  // input columns per activation scale
+constexpr int64_t kTileRows = 4;    // rows per GEMM register tile
+constexpr int64_t kPanel = 128;     // output channels per GEMM task
+
+// Activations quantized for the VNNI kernels (see gptq_matmul.h). Rows are grouped in tiles of `tile_rows`;
+// per tile and packed input word, `tile_rows` x `slots` int32 of four int8 each, zero for padding rows:
+//   4-bit words (codes 8r..8r+7): slots {hi of codes 0,2,4,6}, {hi of 1,3,5,7}, {lo of 0,2,4,6}, {lo of 1,3,5,7}
+//   8-bit words (codes 4r..4r+3): slots {hi of 0,1,2,3}, {lo of 0,1,2,3}
+struct PackedActs {
+  const int32_t* words = nullptr;  // [tiles, cols / codes_per_word, tile_rows, slots]
+  const float* scale = nullptr;    // [rows, n_blocks]: value = scale * q
+  const float* qsum = nullptr;     // [rows, n_blocks]: sum of q over the block (for zero points)
+  const int16_t* q = nullptr;      // [rows, cols]: the codes, for the scalar tail channels
+  int64_t rows = 0, cols = 0, tile_rows = 1, n_blocks = 0, block = 0;
+};
+
+}  // namespace petrel::cpu::detail
+#endif  // PETREL_GPTQ_MATMUL_SHARED
+
+HWY_BEFORE_NAMESPACE();
+namespace petrel::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using detail::PackedActs;
+
+// ------------------------------------------------------------------------------------------------
+// Float path (every target): y[o_begin, o_end) for one row, codes converted to float and FMA'd.
+//
+// Loop order: for each packed input word row k, stream across this thread's whole range of output channels,
+// whose words are contiguous in memory, accumulating into a per-channel buffer that stays in L1/L2. Walking
+// k innermost instead would touch a new 4 KiB page on every load (the row stride is out * 4 bytes).
+template <int kBits>
+void FloatGemvRange(const float* x, const ref::GptqMatrix& w, const float* group_sums, int64_t o_begin,
+                    int64_t o_end, float* y) {
+  constexpr int kPerWord = 32 / kBits;
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t n = o_end - o_begin, n_vec = n / lanes * lanes;
+  const int64_t rows = w.rows, groups = w.n_groups(), words_per_group = w.group_size / kPerWord;
+  const auto mask = hn::Set(di, (1 << kBits) - 1);
+  thread_local std::vector<float> acc, total;
+  acc.assign(n_vec, 0.0f);
+  total.assign(n_vec, 0.0f);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    const int64_t k_begin = g * words_per_group, k_end = std::min(w.cols / kPerWord, k_begin + words_per_group);
+    for (int64_t k = k_begin; k < k_end; ++k) {
+      const int32_t* row = w.qweight + k * rows + o_begin;
+      const float* xk = x + kPerWord * k;
+      for (int64_t o = 0; o < n_vec; o += lanes) {
+        const auto words = hn::LoadU(di, row + o);
+        auto a = hn::LoadU(df, acc.data() + o);
+        for (int j = 0; j < kPerWord - 1; ++j) {
+          const auto code = hn::And(hn::ShiftRightSame(words, j * kBits), mask);
+          a = hn::MulAdd(hn::ConvertTo(df, code), hn::Set(df, xk[j]), a);
+        }
+        // The top code: a logical shift, so that bit 31 does not sign-extend.
+        const auto top = hn::BitCast(di, hn::ShiftRight<32 - kBits>(hn::BitCast(du, words)));
+        a = hn::MulAdd(hn::ConvertTo(df, top), hn::Set(df, xk[kPerWord - 1]), a);
+        hn::StoreU(a, df, acc.data() + o);
+      }
+    }
+    // total += scale * (acc - zero * sum(x of the group)), per channel.
+    for (int64_t o = 0; o < n_vec; ++o) {
+      const int64_t channel = o_begin + o;
+      total[o] += w.scale(g, channel) * (acc[o] - static_cast<float>(w.zero(g, channel)) * group_sums[g]);
+    }
+  }
+  std::copy(total.begin(), total.end(), y + o_begin);
+  for (int64_t channel = o_begin + n_vec; channel < o_end; ++channel) {  // channels past the last whole vector
+    float sum = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      float dot = 0;
+      const int64_t c_begin = g * w.group_size, c_end = std::min(w.cols, c_begin + w.group_size);
+      for (int64_t c = c_begin; c < c_end; ++c) dot += x[c] * static_cast<float>(w.code(channel, c));
+      sum += w.scale(g, channel) * (dot - static_cast<float>(w.zero(g, channel)) * group_sums[g]);
+    }
+    y[channel] = sum;
+  }
+}
+
+void FloatGemv(const float* x, const ref::GptqMatrix& w, const float* group_sums, int64_t o_begin, int64_t o_end,
+               float* y) {
+  if (w.bits == 4) FloatGemvRange<4>(x, w, group_sums, o_begin, o_end, y);
+  else FloatGemvRange<8>(x, w, group_sums, o_begin, o_end, y);
+}
+
+size_t VectorLanes() { return hn::Lanes(hn::ScalableTag<float>()); }
+
+// ------------------------------------------------------------------------------------------------
+// VNNI path (AVX3_DL only).
+#if HWY_TARGET == HWY_AVX3_DL
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")  // Highway's AVX3_DL target string names only the VEX form (avxvnni)
+
+bool HasVnni() { return true; }
+
+// Scalar dot of channel o with one row of codes q over the block [c_begin, c_end): the tail channels.
+inline int32_t ScalarBlockDot(const ref::GptqMatrix& w, const int16_t* q, int64_t o, int64_t c_begin, int64_t c_end) {
+  int32_t dot = 0;
+  for (int64_t c = c_begin; c < c_end; ++c) dot += w.code(o, c) * q[c];
+  return dot;
+}
+
+// y[row, o] for channels past the last whole vector, from the same int16 codes as the vector path.
+inline void ScalarChannels(const PackedActs& a, const ref::GptqMatrix& w, int64_t row, int64_t o_begin, int64_t o_end,
+                           float* y_row) {
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    float sum = 0;
+    for (int64_t b = 0; b < a.n_blocks; ++b) {
+      const int64_t c0 = b * a.block, g = c0 / w.group_size;
+      const int32_t dot = ScalarBlockDot(w, a.q + row * a.cols, o, c0, c0 + a.block);
+      sum += w.scale(g, o) * a.scale[row * a.n_blocks + b] *
+             (static_cast<float>(dot) - static_cast<float>(w.zero(g, o)) * a.qsum[row * a.n_blocks + b]);
+    }
+    y_row[o] = sum;
+  }
+}
+
+// Scales and zero points of the 16 channels [o, o + 16) of group g, as float.
+inline __m512 Scales16(const ref::GptqMatrix& w, int64_t g, int64_t o) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + g * w.rows + o)));
+}
+template <int kBits>
+inline __m512 Zeros16(const ref::GptqMatrix& w, int64_t g, int64_t o) {
+  __m512i z;
+  if constexpr (kBits == 4) {
+    const int32_t* p = w.qzeros + g * (w.rows / 8) + o / 8;
+    const __m512i two_words = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m512i spread = _mm512_permutexvar_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                                    two_words);
+    const __m512i shifts = _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+    z = _mm512_and_si512(_mm512_srlv_epi32(spread, shifts), _mm512_set1_epi32(15));
+  } else {
+    const int32_t* p = w.qzeros + g * (w.rows / 4) + o / 4;
+    z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  return _mm512_cvtepi32_ps(_mm512_add_epi32(z, _mm512_set1_epi32(w.zero_offset)));
+}
+
+// y += scale * act_scale * (dot - zero * qsum) for one vector of 16 channels; dot = 256 hi + lo.
+inline void Flush(__m512i hi, __m512i lo, __m512 scale, __m512 zero, float act_scale, float qsum, float* y) {
+  const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo));
+  const __m512 centered = _mm512_fnmadd_ps(zero, _mm512_set1_ps(qsum), dot);
+  const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(act_scale));
+  _mm512_storeu_ps(y, _mm512_fmadd_ps(centered, s, _mm512_loadu_ps(y)));
+}
+
+// One step of a word row for C vectors of channels: the weights' bytes times the activation bytes.
+template <int kBits, int C>
+inline void MulWords(const int32_t* wrow, const int32_t* act, __m512i (&hi)[C][2], __m512i (&lo)[C][2]) {
+  if constexpr (kBits == 4) {
+    const __m512i mask = _mm512_set1_epi32(0x0F0F0F0F);
+    const __m512i he = _mm512_set1_epi32(act[0]), ho = _mm512_set1_epi32(act[1]);
+    const __m512i le = _mm512_set1_epi32(act[2]), lo_ = _mm512_set1_epi32(act[3]);
+    #pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const __m512i words = _mm512_loadu_si512(wrow + 16 * c);
+      const __m512i even = _mm512_and_si512(words, mask);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(words, 4), mask);
+      hi[c][0] = _mm512_dpbusd_epi32(hi[c][0], even, he);
+      hi[c][1] = _mm512_dpbusd_epi32(hi[c][1], odd, ho);
+      lo[c][0] = _mm512_dpbusd_epi32(lo[c][0], even, le);
+      lo[c][1] = _mm512_dpbusd_epi32(lo[c][1], odd, lo_);
+    }
+  } else {
+    const __m512i h = _mm512_set1_epi32(act[0]), l = _mm512_set1_epi32(act[1]);
+    #pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const __m512i words = _mm512_loadu_si512(wrow + 16 * c);
+      hi[c][0] = _mm512_dpbusd_epi32(hi[c][0], words, h);
+      lo[c][0] = _mm512_dpbusd_epi32(lo[c][0], words, l);
+    }
+  }
+}
+
+constexpr int64_t kPrefetchWords = PETREL_GEMV_PREFETCH;
+
+// GEMV over C vectors of channels at o, word rows [r_begin, r_end) of one block.
+template <int kBits, int C>
+inline void GemvStep(const PackedActs& a, const ref::GptqMatrix& w, int64_t o, int64_t r_begin, int64_t r_end,
+                     int64_t b, bool subtract_zero, float* y) {
+  constexpr int kSlots = kBits == 4 ? 4 : 2;
+  __m512i hi[C][2], lo[C][2];
+  #pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) hi[c][0] = hi[c][1] = lo[c][0] = lo[c][1] = _mm512_setzero_si512();
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const int32_t* wrow = w.qweight + r * w.rows + o;
+    // Software prefetch kPrefetchWords ahead in each row's stream: the streams cross a 4 KiB page every 16
+    // steps, where the hardware prefetchers stop and restart.
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(wrow + kPrefetchWords + 16 * c), _MM_HINT_T0);
+    MulWords<kBits, C>(wrow, a.words + r * kSlots, hi, lo);
+  }
+  const int64_t g = b * a.block / w.group_size;
+  const float act_scale = a.scale[b], qsum = subtract_zero ? a.qsum[b] : 0.0f;
+  #pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) {
+    Flush(_mm512_add_epi32(hi[c][0], hi[c][1]), _mm512_add_epi32(lo[c][0], lo[c][1]), Scales16(w, g, o + 16 * c),
+          Zeros16<kBits>(w, g, o + 16 * c), act_scale, qsum, y + o + 16 * c);
+  }
+}
+
+// Row 0 of `a` times channels [o_begin, o_end) (o_begin a multiple of 16).
+template <int kBits>
+void VnniGemvRange(const PackedActs& a, const ref::GptqMatrix& w, int64_t o_begin, int64_t o_end, float* y) {
+  constexpr int64_t kPerWord = 32 / kBits;
+  constexpr int64_t kMaxRowsInFlight = 16;  // sequential weight streams per thread
+  const int64_t vec_end = o_begin + (o_end - o_begin) / 16 * 16;
+  std::fill(y + o_begin, y + vec_end, 0.0f);
+  const int64_t words_per_block = a.block / kPerWord;
+  for (int64_t b = 0; b < a.n_blocks; ++b) {
+    for (int64_t r0 = b * words_per_block; r0 < (b + 1) * words_per_block; r0 += kMaxRowsInFlight) {
+      const int64_t r1 = std::min((b + 1) * words_per_block, r0 + kMaxRowsInFlight);
+      const bool first = r0 == b * words_per_block;  // subtract the zero-point term once per block
+      int64_t o = o_begin;
+      for (; o + 64 <= vec_end; o += 64) GemvStep<kBits, 4>(a, w, o, r0, r1, b, first, y);
+      for (; o < vec_end; o += 16) GemvStep<kBits, 1>(a, w, o, r0, r1, b, first, y);
+    }
+  }
+  ScalarChannels(a, w, 0, vec_end, o_end, y);
+}
+
+void VnniGemv(const PackedActs& a, const ref::GptqMatrix& w, int64_t o_begin, int64_t o_end, float* y) {
+  if (w.bits == 4) VnniGemvRange<4>(a, w, o_begin, o_end, y);
+  else VnniGemvRange<8>(a, w, o_begin, o_end, y);
+}
+
+// GEMM register tile: kTileRows rows x C vectors of channels at o, over word rows of block b.
+template <int kBits, int C>
+// `strip`: this tile's 16 * C channels of every word row, contiguous (a copy made by VnniGemmPanels).
+inline void GemmTile(const PackedActs& a, const ref::GptqMatrix& w, const int32_t* strip, int64_t tile, int64_t o,
+                     int64_t b, float* y) {
+  constexpr int64_t kPerWord = 32 / kBits, kSlots = kBits == 4 ? 4 : 2, T = detail::kTileRows;
+  const int64_t words_per_row = a.cols / kPerWord, words_per_block = a.block / kPerWord;
+  // One high and one low accumulator per row and vector (16 zmm for 4 x 2): plenty of independent chains,
+  // and room for the weights and broadcasts without spilling.
+  __m512i hi[T][C], lo[T][C];
+  #pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    #pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) hi[t][c] = lo[t][c] = _mm512_setzero_si512();
+  }
+  const int32_t* act = a.words + (tile * words_per_row + b * words_per_block) * T * kSlots;
+  const int32_t* wrow = strip + b * words_per_block * 16 * C;
+  for (int64_t r = 0; r < words_per_block; ++r, act += T * kSlots, wrow += 16 * C) {
+    __m512i even[C], odd[C];
+    #pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const __m512i words = _mm512_loadu_si512(wrow + 16 * c);
+      if constexpr (kBits == 4) {
+        even[c] = _mm512_and_si512(words, _mm512_set1_epi32(0x0F0F0F0F));
+        odd[c] = _mm512_and_si512(_mm512_srli_epi32(words, 4), _mm512_set1_epi32(0x0F0F0F0F));
+      } else {
+        even[c] = odd[c] = words;
+      }
+    }
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const int32_t* x = act + t * kSlots;
+      #pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) {
+        if constexpr (kBits == 4) {
+          hi[t][c] = _mm512_dpbusd_epi32(hi[t][c], even[c], _mm512_set1_epi32(x[0]));
+          hi[t][c] = _mm512_dpbusd_epi32(hi[t][c], odd[c], _mm512_set1_epi32(x[1]));
+          lo[t][c] = _mm512_dpbusd_epi32(lo[t][c], even[c], _mm512_set1_epi32(x[2]));
+          lo[t][c] = _mm512_dpbusd_epi32(lo[t][c], odd[c], _mm512_set1_epi32(x[3]));
+        } else {
+          hi[t][c] = _mm512_dpbusd_epi32(hi[t][c], even[c], _mm512_set1_epi32(x[0]));
+          lo[t][c] = _mm512_dpbusd_epi32(lo[t][c], even[c], _mm512_set1_epi32(x[1]));
+        }
+      }
+    }
+  }
+  const int64_t g = b * a.block / w.group_size;
+  const int64_t rows = std::min<int64_t>(T, a.rows - tile * T);
+  #pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) {
+    const __m512 scale = Scales16(w, g, o + 16 * c), zero = Zeros16<kBits>(w, g, o + 16 * c);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {  // compile-time indices keep the accumulators in registers
+      if (t >= rows) break;
+      const int64_t row = tile * T + t;
+      Flush(hi[t][c], lo[t][c], scale, zero, a.scale[row * a.n_blocks + b], a.qsum[row * a.n_blocks + b],
+            y + row * w.rows + o + 16 * c);
+    }
+  }
+}
+
+// Panels [p_begin, p_end) of detail::kPanel channels, every row of `a`.
+template <int kBits>
+void VnniGemmPanels(const PackedActs& a, const ref::GptqMatrix& w, int64_t p_begin, int64_t p_end, float* y) {
+  const int64_t T = detail::kTileRows, tiles = (a.rows + T - 1) / T;
+  const int64_t o_begin = p_begin * detail::kPanel, o_end = std::min(w.rows, p_end * detail::kPanel);
+  const int64_t vec_end = o_begin + (o_end - o_begin) / 16 * 16;
+  for (int64_t row = 0; row < a.rows; ++row) std::fill(y + row * w.rows + o_begin, y + row * w.rows + vec_end, 0.0f);
+  constexpr int kWide = 2;  // vectors per register tile
+  // The panel's words, copied strip by strip (16 * kWide channels of every word row, contiguous). Read in place,
+  // a strip's rows sit out * 4 bytes apart, a power-of-two multiple for most Llama shapes, so they all map to
+  // the same few L1/L2 sets and are evicted before the next tile reuses them; the copy costs one pass.
+  const int64_t words_per_row = a.cols / (32 / kBits);
+  thread_local std::vector<int32_t> panel;
+  panel.resize(words_per_row * detail::kPanel);
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const int64_t po_begin = p * detail::kPanel, po_end = std::min(vec_end, po_begin + detail::kPanel);
+    if (po_end <= po_begin) break;
+    // Row by row, so that each row's panel (512 bytes) is read contiguously, with the rows 16 ahead prefetched:
+    // a row is a new page, which the hardware prefetchers do not follow.
+    for (int64_t r = 0; r < words_per_row; ++r) {
+      if (r + 16 < words_per_row) {
+        const char* ahead = reinterpret_cast<const char*>(w.qweight + (r + 16) * w.rows + po_begin);
+        for (int64_t line = 0; line < (po_end - po_begin) * 4; line += 64) __builtin_prefetch(ahead + line);
+      }
+      for (int64_t o = po_begin; o < po_end;) {
+        const int64_t width = o + 16 * kWide <= po_end ? 16 * kWide : 16;
+        int32_t* strip = panel.data() + (o - po_begin) * words_per_row;
+        std::memcpy(strip + r * width, w.qweight + r * w.rows + o, width * sizeof(int32_t));
+        o += width;
+      }
+    }
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      int64_t o = po_begin;
+      for (; o + 16 * kWide <= po_end; o += 16 * kWide) {
+        const int32_t* strip = panel.data() + (o - po_begin) * words_per_row;
+        for (int64_t b = 0; b < a.n_blocks; ++b) GemmTile<kBits, kWide>(a, w, strip, tile, o, b, y);
+      }
+      for (; o < po_end; o += 16) {
+        const int32_t* strip = panel.data() + (o - po_begin) * words_per_row;
+        for (int64_t b = 0; b < a.n_blocks; ++b) GemmTile<kBits, 1>(a, w, strip, tile, o, b, y);
+      }
+    }
+  }
+  for (int64_t row = 0; row < a.rows; ++row) ScalarChannels(a, w, row, vec_end, o_end, y + row * w.rows);
+}
+
+void VnniGemm(const PackedActs& a, const ref::GptqMatrix& w, int64_t p_begin, int64_t p_end, float* y) {
+  if (w.bits == 4) VnniGemmPanels<4>(a, w, p_begin, p_end, y);
+  else VnniGemmPanels<8>(a, w, p_begin, p_end, y);
+}
+
+#pragma GCC pop_options
+#else   // not AVX3_DL: never called (HasVnni is false)
+bool HasVnni() { return false; }
+void VnniGemv(const PackedActs&, const ref::GptqMatrix&, int64_t, int64_t, float*) {}
+void VnniGemm(const PackedActs&, const ref::GptqMatrix&, int64_t, int64_t, float*) {}
+#endif  // HWY_TARGET == HWY_AVX3_DL
+
+}  // namespace HWY_NAMESPACE
+}  // namespace petrel::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace petrel::cpu {
+
+HWY_EXPORT(FloatGemv);
+HWY_EXPORT(VectorLanes);
+HWY_EXPORT(HasVnni);
+HWY_EXPORT(VnniGemv);
+HWY_EXPORT(VnniGemm);
+
+namespace {
+
+int64_t activation_block(const ref::GptqMatrix& w) { return std::gcd(w.group_size, detail::kMaxBlock); }
+
+// Per-thread scratch for the packed activations: no allocation per call once warm.
+struct Scratch {
+  std::vector<int32_t> words;
+  std::vector<float> scale, qsum;
+  std::vector<int16_t> q;
+};
+
+inline uint32_t pack4(int a, int b, int c, int d) {
+  return static_cast<uint8_t>(a) | static_cast<uint32_t>(static_cast<uint8_t>(b)) << 8 |
+         static_cast<uint32_t>(static_cast<uint8_t>(c)) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(d)) << 24;
+}
+
+detail::PackedActs pack_activations(const float* x, int64_t n_rows, const ref::GptqMatrix& w, int64_t tile_rows,
+                                    Scratch& s) {
+  detail::PackedActs a;
+  a.rows = n_rows;
+  a.cols = w.cols;
+  a.tile_rows = tile_rows;
+  a.block = activation_block(w);
+  a.n_blocks = w.cols / a.block;
+  const int per_word = 32 / w.bits, slots = w.bits == 4 ? 4 : 2;
+  const int64_t words_per_row = w.cols / per_word, tiles = (n_rows + tile_rows - 1) / tile_rows;
+  s.q.resize(n_rows * w.cols);
+  s.scale.resize(n_rows * a.n_blocks);
+  s.qsum.resize(n_rows * a.n_blocks);
+  s.words.assign(tiles * words_per_row * tile_rows * slots, 0);
+  std::vector<int8_t> hi(w.cols), lo(w.cols);
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const float* xr = x + row * w.cols;
+    int16_t* q = s.q.data() + row * w.cols;
+    for (int64_t b = 0; b < a.n_blocks; ++b) {
+      float amax = 0;
+      for (int64_t c = b * a.block; c < (b + 1) * a.block; ++c) amax = std::max(amax, std::fabs(xr[c]));
+      const float scale = amax > 0 ? amax / detail::kMaxCode : 1.0f, inv = 1.0f / scale;
+      int32_t sum = 0;
+      for (int64_t c = b * a.block; c < (b + 1) * a.block; ++c) {
+        // Round to nearest even by adding 1.5 * 2^23 (exact for |x * inv| <= 32639 < 2^22); vectorizes, unlike
+        // nearbyint, which is a libm call under GCC's default -fmath-errno.
+        const float shifted = xr[c] * inv + 12582912.0f;
+        const int v = std::clamp(std::bit_cast<int32_t>(shifted) - 0x4B400000, -detail::kMaxCode, detail::kMaxCode);
+        q[c] = static_cast<int16_t>(v);
+        sum += v;
+        const int h = (v + 128) >> 8;  // arithmetic: floor((v + 128) / 256)
+        hi[c] = static_cast<int8_t>(h);
+        lo[c] = static_cast<int8_t>(v - 256 * h);
+      }
+      s.scale[row * a.n_blocks + b] = scale;
+      s.qsum[row * a.n_blocks + b] = static_cast<float>(sum);
+    }
+    const int64_t tile = row / tile_rows, t = row % tile_rows;
+    for (int64_t r = 0; r < words_per_row; ++r) {
+      uint32_t* dst = reinterpret_cast<uint32_t*>(s.words.data()) + ((tile * words_per_row + r) * tile_rows + t) * slots;
+      const int64_t c = r * per_word;
+      if (w.bits == 4) {
+        dst[0] = pack4(hi[c], hi[c + 2], hi[c + 4], hi[c + 6]);
+        dst[1] = pack4(hi[c + 1], hi[c + 3], hi[c + 5], hi[c + 7]);
+        dst[2] = pack4(lo[c], lo[c + 2], lo[c + 4], lo[c + 6]);
+        dst[3] = pack4(lo[c + 1], lo[c + 3], lo[c + 5], lo[c + 7]);
+      } else {
+        dst[0] = pack4(hi[c], hi[c + 1], hi[c + 2], hi[c + 3]);
+        dst[1] = pack4(lo[c], lo[c + 1], lo[c + 2], lo[c + 3]);
+      }
+    }
+  }
+  a.words = s.words.data();
+  a.scale = s.scale.data();
+  a.qsum = s.qsum.data();
+  a.q = s.q.data();
+  return a;
+}
+
+void float_gemv(const float* x, const ref::GptqMatrix& w, float* y) {
+  thread_local std::vector<float> group_sums;
+  group_sums.assign(w.n_groups(), 0.0f);
+  for (int64_t c = 0; c < w.cols; ++c) group_sums[c / w.group_size] += x[c];
+  const int64_t lanes = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(VectorLanes)());
+  const int64_t blocks = (w.rows + lanes - 1) / lanes;
+  const float* sums = group_sums.data();  // a thread_local: the workers must not name it (they'd see their own)
+  ThreadPool::global().parallel_for(blocks, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(FloatGemv)(x, w, sums, b * lanes, std::min(w.rows, e * lanes), y);
+  });
+}
+
+}  // namespace
+
+bool gptq_matmul_supports(const ref::GptqMatrix& w) {
+  if ((w.bits != 4 && w.bits != 8) || w.g_idx != nullptr || w.group_size <= 0) return false;
+  const int per_word = 32 / w.bits;
+  const int64_t block = activation_block(w);
+  return w.group_size % per_word == 0 && w.cols % per_word == 0 && w.cols % block == 0 && w.rows % per_word == 0;
+}
+
+void gptq_matmul(const float* x, int64_t n_rows, const ref::GptqMatrix& w, float* y) {
+  if (!HWY_DYNAMIC_DISPATCH(HasVnni)()) {
+    for (int64_t r = 0; r < n_rows; ++r) float_gemv(x + r * w.cols, w, y + r * w.rows);
+    return;
+  }
+  thread_local Scratch scratch;
+  if (n_rows == 1) {
+    const detail::PackedActs a = pack_activations(x, 1, w, 1, scratch);
+    constexpr int64_t kUnit = 64;  // channels per scheduling unit: one 4-vector step
+    const int64_t units = (w.rows + kUnit - 1) / kUnit;
+    ThreadPool::global().parallel_for(units, [&](int64_t b, int64_t e) {
+      HWY_DYNAMIC_DISPATCH(VnniGemv)(a, w, b * kUnit, std::min(w.rows, e * kUnit), y);
+    });
+    return;
+  }
+  const detail::PackedActs a = pack_activations(x, n_rows, w, detail::kTileRows, scratch);
+  const int64_t panels = (w.rows + detail::kPanel - 1) / detail::kPanel;
+  ThreadPool::global().parallel_for(panels, [&](int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(VnniGemm)(a, w, b, e, y); });
+}
+
+const char* best_target_name() {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();  // best first
+  return targets.empty() ? "none" : hwy::TargetName(targets.front());
+}
+
+const char* gptq_matmul_variant() {
+  return HWY_DYNAMIC_DISPATCH(HasVnni)() ? "AVX-512 VNNI, int16 activations (VPDPBUSD on split bytes)"
+                                         : "float32 FMA (Highway)";
+}
+
+}  // namespace petrel::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,131 @@
+// kernels/cuda GEMV, host side: what the kernel accepts, how a launch is cut, uploads and the workspace.
+// Plain C++ (built with or without CUDA); the kernels and the launch are in gemv_gptq.cu.
+#include "petrel/kernels/cuda/gemv_gptq.h"
+
+#include <algorithm>
+#include <string>
+
+namespace petrel::cuda {
+
+namespace {
+
+// Shape of the launch (gemv_gptq.cu's header comment gives the reasoning and the measurements):
+// a block wants enough steps to amortize staging x and the split-K epilogue, and the grid wants a few blocks
+// per multiprocessor so that every SM has loads in flight.
+constexpr int kWordsPerStep = 4;          // packed input words per warp step (one per thread of a quad)
+constexpr int kTargetBlocksPerSm = 4;
+constexpr int64_t kMinStepsPerSplit = 8;
+constexpr int64_t kMaxSharedBytes = 48 * 1024;  // the default dynamic shared-memory limit, no opt-in needed
+
+std::string shape_string(const DeviceGptqMatrix& w) {
+  return std::to_string(w.bits) + "-bit [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "] group " +
+         std::to_string(w.group_size);
+}
+
+// Bytes of staged x per packed input word: fp16 for the tensor-core kernel, float32 for the CUDA-core one.
+int64_t staged_bytes_per_word(int bits, GemvAlgorithm algorithm) {
+  const int64_t codes = 32 / bits;
+  return codes * (algorithm == GemvAlgorithm::kCudaCore ? 4 : 2);
+}
+
+}  // namespace
+
+Status gemv_gptq_supports(const DeviceGptqMatrix& w) {
+  const std::string what = "gemv_gptq: " + shape_string(w);
+  if (w.bits != 4 && w.bits != 8) return unsupported(what + ": only 4- and 8-bit weights");
+  if (w.rows <= 0 || w.cols <= 0) return invalid_argument(what + ": empty matrix");
+  if (w.rows % 4 != 0) return unsupported(what + ": rows must be a multiple of 4");
+  const int per_word = 32 / w.bits;
+  if (w.cols % per_word != 0) return invalid_argument(what + ": cols must be a multiple of " + std::to_string(per_word));
+  if (w.group_size != w.cols) {
+    if (w.group_size <= 0 || w.group_size % (kWordsPerStep * per_word) != 0 || w.cols % w.group_size != 0) {
+      return unsupported(what + ": group size must be per-channel or a multiple of " +
+                         std::to_string(kWordsPerStep * per_word) + " that divides cols");
+    }
+  }
+  if (w.zero_offset != 0 && w.zero_offset != 1) return invalid_argument(what + ": zero_offset must be 0 or 1");
+  return ok_status();
+}
+
+Result<GemvPlan> plan_gemv_gptq(const DeviceGptqMatrix& w, int multiprocessors, int64_t partial_capacity,
+                                const GemvOptions& options) {
+  PETREL_RETURN_IF_ERROR(gemv_gptq_supports(w));
+  const int64_t words = w.cols / (32 / w.bits);
+  const int64_t steps = (words + kWordsPerStep - 1) / kWordsPerStep;
+  const int64_t step_bytes = kWordsPerStep * staged_bytes_per_word(w.bits, options.algorithm);
+  GemvPlan plan;
+  plan.row_blocks = (w.rows + GemvPlan::kRowsPerBlock - 1) / GemvPlan::kRowsPerBlock;
+  // The slice of x a block stages must fit in shared memory: a lower bound on the splits.
+  const int64_t min_splits = (steps * step_bytes + kMaxSharedBytes - 1) / kMaxSharedBytes;
+  int64_t splits = options.k_splits;
+  if (splits <= 0) {
+    // The largest power of two that keeps the grid within the target: even slices, and the fastest choice
+    // for every Llama-3.1-8B shape on the H200 (see gemv_gptq.cu).
+    const int64_t target_blocks = int64_t{std::max(multiprocessors, 1)} * kTargetBlocksPerSm;
+    splits = 1;
+    while (2 * splits * plan.row_blocks <= target_blocks + plan.row_blocks / 2) splits *= 2;
+    splits = std::min(splits, (steps + kMinStepsPerSplit - 1) / kMinStepsPerSplit);
+    // The workspace bounds the partial sums; fewer splits only cost parallelism.
+    if (splits > 1) splits = std::min(splits, std::max<int64_t>(1, partial_capacity / w.rows));
+  }
+  splits = std::clamp<int64_t>(std::max(splits, min_splits), 1, steps);
+  plan.steps_per_split = (steps + splits - 1) / splits;
+  plan.k_splits = static_cast<int>((steps + plan.steps_per_split - 1) / plan.steps_per_split);
+  plan.shared_bytes = plan.steps_per_split * step_bytes;
+  if (plan.k_splits > 1 && w.rows * plan.k_splits > partial_capacity) {
+    return out_of_range("gemv_gptq: " + shape_string(w) + " in " + std::to_string(plan.k_splits) +
+                        " input slices needs " + std::to_string(w.rows * plan.k_splits) +
+                        " partial sums, the workspace holds " + std::to_string(partial_capacity));
+  }
+  return plan;
+}
+
+Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host) {
+  DeviceGptqWeights weights;
+  DeviceGptqMatrix& v = weights.view_;
+  v.bits = host.bits;
+  v.rows = host.rows;
+  v.cols = host.cols;
+  v.group_size = host.group_size;
+  v.zero_offset = host.zero_offset;
+  if (host.g_idx) {
+    // A g_idx that is column / group_size (what petrel writes) is accepted by ref::GptqMatrix::view() as null;
+    // a real act-order permutation would need the columns regrouped at export.
+    for (int64_t c = 0; c < host.cols; ++c) {
+      if (host.g_idx[c] != c / host.group_size) {
+        return unsupported("gemv_gptq: act-order (a g_idx that permutes groups) is not supported on CUDA");
+      }
+    }
+  }
+  PETREL_RETURN_IF_ERROR(gemv_gptq_supports(v));
+  const size_t qweight_bytes = static_cast<size_t>(host.cols / (32 / host.bits) * host.rows) * 4;
+  const size_t scales_bytes = static_cast<size_t>(host.n_groups() * host.rows) * 2;
+  const size_t qzeros_bytes = static_cast<size_t>(host.n_groups() * (host.rows * host.bits / 32)) * 4;
+  PETREL_ASSIGN_OR_RETURN(weights.qweight_, DeviceBuffer::allocate(qweight_bytes));
+  PETREL_ASSIGN_OR_RETURN(weights.scales_, DeviceBuffer::allocate(scales_bytes));
+  PETREL_ASSIGN_OR_RETURN(weights.qzeros_, DeviceBuffer::allocate(qzeros_bytes));
+  PETREL_RETURN_IF_ERROR(weights.qweight_.upload(host.qweight, qweight_bytes));
+  PETREL_RETURN_IF_ERROR(weights.scales_.upload(host.scales, scales_bytes));
+  PETREL_RETURN_IF_ERROR(weights.qzeros_.upload(host.qzeros, qzeros_bytes));
+  v.qweight = weights.qweight_.as<const int32_t>();
+  v.scales = weights.scales_.as<const uint16_t>();
+  v.qzeros = weights.qzeros_.as<const int32_t>();
+  return weights;
+}
+
+Result<GemvWorkspace> GemvWorkspace::create(int64_t partial_floats) {
+  PETREL_ASSIGN_OR_RETURN(int device, current_device());
+  PETREL_ASSIGN_OR_RETURN(DeviceInfo info, device_info(device));
+  GemvWorkspace ws;
+  ws.multiprocessors_ = info.multiprocessors;
+  ws.partial_floats_ = std::max<int64_t>(partial_floats, 0);
+  // A split launch has at least 2 slices, so it has at most partial_floats / 2 rows and as many row blocks
+  // as that divided by the block's rows.
+  ws.counters_ = ws.partial_floats_ / 2 / GemvPlan::kRowsPerBlock + 1;
+  PETREL_ASSIGN_OR_RETURN(ws.partials_, DeviceBuffer::allocate(static_cast<size_t>(ws.partial_floats_) * 4));
+  PETREL_ASSIGN_OR_RETURN(ws.counter_buffer_, DeviceBuffer::allocate(static_cast<size_t>(ws.counters_) * 4));
+  PETREL_RETURN_IF_ERROR(ws.counter_buffer_.fill_bytes(0));  // the kernels leave them at 0 again
+  return ws;
+}
+
+}  // namespace petrel::cuda

@@ -1,0 +1,526 @@
+// kernels/cuda: the W4A16 (and W8A16 LM head) matrix-vector product y = dequant(W) x of the token generator,
+// reading GPTQ tensors in place. Host-side checks and the launch plan are in gemv_gptq.cc.
+//
+// Layout (ref::GptqMatrix, kernels/ref/ops.h), for W [rows = out, cols = in]:
+//   qweight int32 [cols * bits / 32, rows]: word (i, r) holds the codes of inputs 32/bits * i .. of row r,
+//           code j in bits j*bits ..; consecutive output rows are consecutive words.
+//   scales  fp16  [n_groups, rows];  qzeros int32 [n_groups, rows * bits / 32] (packed along the rows);
+//   weight (r, c) = scale[g, r] * (code(r, c) - (stored zero + zero_offset)), g = c / group_size.
+// Preconditions (gemv_gptq_supports): bits 4 or 8; rows % 4 == 0; cols % (32 / bits) == 0; per-channel, or
+// group_size a multiple of 4 words (32 inputs at 4 bits, 16 at 8) dividing cols; no act-order g_idx;
+// qweight, x and y 16-byte aligned, scales 8-byte aligned.
+//
+// Bytes-moved floor. One call must read qweight (rows * cols * bits / 8), scales and zeros
+// (n_groups * rows * (2 + bits / 8)), x (4 * cols) and write y (4 * rows): Llama-3.1-8B's 4096x4096 at 4 bits
+// per channel is 8.43 MB, 1.96 us at the H200's ~4.3 TB/s (device copy, read + write counted); 14336x4096 is
+// 29.4 MB (6.8 us); the 8-bit LM head 128256x4096 is 525 MB (122 us). Arithmetic is 2 * rows * cols FLOP,
+// 0.25 to 0.5 FLOP per byte: far below any ceiling, but see "why tensor cores".
+//
+// Work decomposition (both kernels). A block of 128 threads owns 128 output rows and one slice of the input
+// (split-K, blockIdx.y); the slice of x is staged in shared memory once per block. The plan (gemv_gptq.cc)
+// picks a power-of-two number of splits that gives at most ~4 blocks per SM, each with at least 8 steps of 4
+// words: rows = 1024 or 4096 alone would give 8 or 32 blocks for 132 SMs. (Sweeping 1..32 splits on the H200
+// this picks the fastest for every Llama-3.1-8B shape: 16 for 4096x4096, 1024x4096 and 4096x14336, 4 for
+// 14336x4096, 1 for the LM head; odd counts such as 5 or 17 ran 10-20% slower.) A split block writes its
+// partial sums to the workspace; the last block of a row range to arrive (an atomic counter per row block,
+// reset by that block) adds the slices in a fixed order, so results are deterministic and one launch does it.
+//
+// Why tensor cores (kTensorCore, the default). At batch 1 the dequantization, not the FMA, is the cost: the
+// float32 way (the kCudaCore kernel: shift, mask, magic-number convert with the zero folded in, FMA) issues
+// about 4 instructions per 4-bit weight, and the H200 must consume ~8.6e12 weights/s to keep up with its
+// memory, against ~3.3e13 issued thread-instructions/s for the whole chip: it runs compute-bound. The
+// tensor-core kernel dequantizes two codes per instruction into fp16 pairs (the 0x6400 magic-number trick:
+// (w & 0x000F000F) | 0x64006400 is the half2 {1024 + c0, 1024 + c4}; one sub.f16x2 or fma.f16x2 removes 1024
+// and the zero; code - zero is a small integer, exact in fp16) and lets mma.sync.m16n8k16 (f16 in, f32
+// accumulate) do 256 products per warp-instruction: ~1.3 instructions per weight in all.
+//
+// Fragment mapping (tensor-core kernel). Thread (quad_row = lane / 4, quad_col = lane % 4) of a warp loads
+// one 16-byte vector: word (word0 + quad_col) of rows R + 4 quad_row + 0..3, R = the warp's first row. A warp
+// step thus reads 4 input words (32 inputs at 4 bits) of 32 rows, as four fully used 128-byte lines.
+// The mma's M dimension is rows: logical row quad_row is row R + 4 quad_row + 0 (or + 2), logical row
+// quad_row + 8 is row + 1 (or + 3). Its K dimension is 16 inputs, permuted so that each thread's registers
+// are what the magic trick yields: for 4-bit, logical k (2 quad_col, 2 quad_col + 1) are inputs (8w + 0,
+// 8w + 4) and (2 quad_col + 8, + 9) are (8w + 1, 8w + 5) in the first mma and (8w + 2, 8w + 6), (8w + 3,
+// 8w + 7) in the second, w = word0 + quad_col. The B operand (x) is staged in that order, so one 16-byte
+// shared load gives a thread both mmas' B registers. All 8 N columns of B hold x (the mma has no N = 1), so
+// every column of D is y: up to 8 vectors could go through for the same instructions (small-batch decode).
+// 8-bit: a word is 4 inputs, (w & 0x00FF00FF) | 0x64006400 = {c0, c2}, (w >> 8) gives {c1, c3}; one mma per
+// pair of rows and word, inputs ordered (0, 2), (1, 3).
+//
+// Scales are applied per group in float32 after the mma (acc_group * scale added to the row total, at each
+// group's end and at least every kPromoteSteps), so dequantization is exact and the only rounding beyond
+// ref::matmul's is x to fp16 and the order and rounding of the float32 sums.
+//
+// Loads and latency (measured on an H200, bench/gemv_cuda_bench.cc --sweep). The weights are read once, so
+// they go through ld.global.nc.L1::no_allocate. What limits this kernel is bytes in flight, not the layout
+// and not arithmetic: a loads-only kernel with exactly this grid and access pattern reads the LM head at
+// 4.4 TB/s (above the 3.9 TB/s of a plain streaming kernel), and the same with each block's bytes contiguous
+// (a tiled layout) is no faster. So the tensor-core kernel keeps two batches of 4 steps of weight loads in
+// flight per thread (ping-pong registers, the next batch issued before this one's arithmetic, the first one
+// before x is staged) and loads the next group's scales and zeros during the current group, in 96 registers
+// (5 blocks of 128 threads per SM). Versions measured and dropped: one batch of 4 steps (64-72 registers):
+// LM head 3.1 TB/s; scales and zeros carried per step in the pipeline (124 registers, 4 blocks/SM):
+// 2.9 TB/s; weights streamed through an 8-slot cp.async ring in shared memory (68 registers): 2.1 TB/s;
+// this version capped at 80 registers for 6 blocks/SM (spills): 3.5 TB/s, against 3.4 to 3.7 TB/s
+// (two runs) now. The layer matrices (2 to 30 MB) stay far from the copy bandwidth because a call is only
+// 0.5 to 7 us of transfer: the launch, the first load's latency and the split-K epilogue are a fixed ~3 us
+// (a 128x256 GEMV takes 2.8 to 2.9 us in a CUDA graph); overlapping consecutive kernels (programmatic
+// dependent launch: weights prefetched before the previous kernel ends) is the engine's next step.
+//
+// Layout choice. The GPTQ layout is what this kernel wants: 16-byte loads, every byte of each 128-byte line
+// used, consecutive warps on consecutive lines, no repacking at load; the loads-only experiment above found
+// no gain from a contiguous (Marlin-style) tiling, so `petrel export --backend cuda` can keep it.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "petrel/kernels/cuda/cuda_check.h"
+#include "petrel/kernels/cuda/gemv_gptq.h"
+
+namespace petrel::cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = GemvPlan::kRowsPerBlock;  // 4 warps x 32 rows (tensor core), 32 lanes x 4 rows
+constexpr int kThreads = GemvPlan::kThreadsPerBlock;
+constexpr int kWordsPerStep = 4;  // packed input words per warp step
+constexpr int kUnroll = 4;        // the CUDA-core kernel: steps whose weight loads are in flight together
+// The tensor cores' float32 accumulation is not IEEE round-to-nearest (it truncates), so its error grows with
+// the number of accumulations: the mma accumulators are added into float32 registers at least every 8 steps
+// (16 mmas, 256 inputs), also within a long group (per-channel).
+constexpr int kPromoteSteps = 8;
+static_assert(kRowsPerBlock == 128 && kThreads == 128, "both kernels map 128 threads onto 128 rows");
+
+struct GemvArgs {
+  const int32_t* qweight;
+  const uint16_t* scales;
+  const int32_t* qzeros;
+  const float* x;
+  float* y;
+  float* partials;     // [k_splits, rows] when k_splits > 1
+  uint32_t* counters;  // [row blocks], zero between launches
+  int64_t rows;
+  int64_t words;        // packed words along the input: cols * bits / 32
+  int64_t group_words;  // packed words per group
+  int group_steps;      // steps per group (2^30, more than any matrix has, for per-channel)
+  int zero_offset;
+  int k_splits;
+  int steps_per_split;
+};
+
+// 16 bytes of weights that no other thread reads: skip L1.
+__device__ __forceinline__ uint4 load_streaming(const int32_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t sub_f16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t fma_f16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// {lo, hi} as an fp16 pair, lo in the low half (the first element of an mma register).
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// d[0..3] += A(16x16, f16) * B(16x8, f16), float32 accumulation.
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+constexpr uint32_t kHalf1024x2 = 0x64006400u;     // fp16 1024 in both halves: the magic exponent
+constexpr uint32_t kHalfSixteenthx2 = 0x2C002C00u;  // fp16 1/16 in both halves
+
+// The 8 codes of a 4-bit word as four fp16 pairs of (code - zero): {c0, c4}, {c1, c5}, {c2, c6}, {c3, c7}.
+// bias_low = {1024 + z} x2; bias_high = {-(64 + z)} x2, since a code in bits 4..7 of a half reads 16 c + 1024.
+__device__ __forceinline__ void dequant_word4(uint32_t w, uint32_t bias_low, uint32_t bias_high, uint32_t (&v)[4]) {
+  const uint32_t w8 = w >> 8;
+  v[0] = sub_f16x2((w & 0x000F000Fu) | kHalf1024x2, bias_low);
+  v[1] = fma_f16x2((w & 0x00F000F0u) | kHalf1024x2, kHalfSixteenthx2, bias_high);
+  v[2] = sub_f16x2((w8 & 0x000F000Fu) | kHalf1024x2, bias_low);
+  v[3] = fma_f16x2((w8 & 0x00F000F0u) | kHalf1024x2, kHalfSixteenthx2, bias_high);
+}
+
+// The 4 codes of an 8-bit word as two fp16 pairs of (code - zero): {c0, c2}, {c1, c3}.
+__device__ __forceinline__ void dequant_word8(uint32_t w, uint32_t bias_low, uint32_t (&v)[2]) {
+  v[0] = sub_f16x2((w & 0x00FF00FFu) | kHalf1024x2, bias_low);
+  v[1] = sub_f16x2(((w >> 8) & 0x00FF00FFu) | kHalf1024x2, bias_low);
+}
+
+// Scale and zero of 4 consecutive rows (row % 4 == 0) in one group.
+struct RowGroupParams {
+  float scale[4];
+  int zero[4];
+};
+
+template <int kBits>
+__device__ __forceinline__ RowGroupParams load_group_params(const GemvArgs& a, int64_t group, int64_t row, bool row_ok) {
+  RowGroupParams p;
+  uint2 s = make_uint2(0, 0);
+  uint32_t zeros = 0;
+  if (row_ok) {
+    s = __ldg(reinterpret_cast<const uint2*>(a.scales + group * a.rows + row));
+    zeros = static_cast<uint32_t>(__ldg(a.qzeros + group * (a.rows * kBits / 32) + row * kBits / 32));
+  }
+  p.scale[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(s.x & 0xFFFFu)));
+  p.scale[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(s.x >> 16)));
+  p.scale[2] = __half2float(__ushort_as_half(static_cast<unsigned short>(s.y & 0xFFFFu)));
+  p.scale[3] = __half2float(__ushort_as_half(static_cast<unsigned short>(s.y >> 16)));
+  // 4-bit zeros pack 8 rows per word: these 4 rows are its low or high half.
+  const int shift = kBits == 4 ? 4 * static_cast<int>(row % 8) : 0;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    p.zero[r] = static_cast<int>((zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + a.zero_offset;
+  }
+  return p;
+}
+
+// Writes the 4 row sums a thread holds (rows row .. row + 3), or, with split-K, its partials, and lets the
+// last block of the row range reduce the slices. Every thread of the block calls it.
+__device__ __forceinline__ void finish_rows(const GemvArgs& a, int64_t row, float4 sums, bool writer) {
+  if (a.k_splits == 1) {
+    if (writer) *reinterpret_cast<float4*>(a.y + row) = sums;
+    return;
+  }
+  __shared__ bool is_last_block;
+  if (writer) __stcg(reinterpret_cast<float4*>(a.partials + blockIdx.y * a.rows + row), sums);
+  __threadfence();  // partials visible device-wide before this block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(a.counters + blockIdx.x, 1u);
+    is_last_block = arrived == static_cast<uint32_t>(a.k_splits - 1);
+    if (is_last_block) a.counters[blockIdx.x] = 0;  // every block of this launch has arrived: reset for the next
+  }
+  __syncthreads();
+  if (!is_last_block) return;
+  __threadfence();
+  const int64_t r = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x;
+  if (r < a.rows) {
+    float sum = 0.0f;
+    for (int s = 0; s < a.k_splits; ++s) sum += __ldcg(a.partials + s * a.rows + r);  // fixed order
+    a.y[r] = sum;
+  }
+}
+
+// The steps (of kWordsPerStep words) of this block's input slice, and the first word.
+struct Slice {
+  int64_t first_word;
+  int steps;
+};
+
+__device__ __forceinline__ Slice block_slice(const GemvArgs& a) {
+  Slice s;
+  s.first_word = int64_t{blockIdx.y} * a.steps_per_split * kWordsPerStep;
+  const int64_t remaining = (a.words - s.first_word + kWordsPerStep - 1) / kWordsPerStep;
+  s.steps = static_cast<int>(remaining < a.steps_per_split ? remaining : a.steps_per_split);
+  return s;
+}
+
+// The raw scales (4 fp16) and zeros word of this thread's 4 rows in `group`; zeros when `wanted` is false.
+template <int kBits>
+__device__ __forceinline__ void load_raw_params(const GemvArgs& a, int64_t group, int64_t row, bool wanted,
+                                                uint2& scales, uint32_t& zeros) {
+  scales = make_uint2(0, 0);
+  zeros = 0;
+  if (wanted) {
+    scales = __ldg(reinterpret_cast<const uint2*>(a.scales + group * a.rows + row));
+    zeros = static_cast<uint32_t>(__ldg(a.qzeros + group * (a.rows * kBits / 32) + row * kBits / 32));
+  }
+}
+
+// Steps of weights whose loads are issued together; two such batches are in flight (ping-pong registers).
+constexpr int kBatch = 4;
+
+template <int kBits>
+__global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
+  const Slice slice = block_slice(a);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + warp * 32 + 4 * quad_row;  // this thread's 4 rows
+  const bool row_ok = row < a.rows;
+  // Steps in which this thread's word exists (the matrix's last step may have fewer than 4 words).
+  const int64_t thread_words = a.words - slice.first_word - quad_col;
+  const int thread_steps = static_cast<int>(
+      min(int64_t{slice.steps}, thread_words > 0 ? (thread_words + kWordsPerStep - 1) / kWordsPerStep : 0));
+  const int32_t* weights = a.qweight + (slice.first_word + quad_col) * a.rows + row;
+  const int64_t step_stride = kWordsPerStep * a.rows;
+  auto load_batch = [&](uint4 (&batch)[kBatch], int first) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int s = first + u;
+      batch[u] = row_ok && s < thread_steps ? load_streaming(weights + s * step_stride) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // The first batch goes out before anything else: it depends on nothing.
+  uint4 ping[kBatch], pong[kBatch];
+  load_batch(ping, 0);
+
+  // This group's scales and zeros, and the next group's, loaded while this one is computed.
+  const int64_t first_step = slice.first_word / kWordsPerStep;
+  int64_t group = first_step / a.group_steps;  // group_steps > 0
+  int steps_to_group = static_cast<int>(a.group_steps - first_step % a.group_steps);  // to the next group start
+  uint2 raw_scales, next_scales;
+  uint32_t raw_zeros, next_zeros;
+  load_raw_params<kBits>(a, group, row, row_ok, raw_scales, raw_zeros);
+  load_raw_params<kBits>(a, group + 1, row, row_ok && steps_to_group < slice.steps, next_scales, next_zeros);
+
+  // x of this slice in fp16, per word in fragment order: 4-bit {x0,x4},{x1,x5},{x2,x6},{x3,x7}; 8-bit
+  // {x0,x2},{x1,x3}. Zero past the last word, where the weights read as zero codes (code - zero != 0).
+  constexpr int kRegsPerWord = kBits == 4 ? 4 : 2;
+  extern __shared__ uint4 shared_words[];
+  uint32_t* x_staged = reinterpret_cast<uint32_t*>(shared_words);
+  const float4* x4 = reinterpret_cast<const float4*>(a.x);
+  for (int i = threadIdx.x; i < slice.steps * kWordsPerStep; i += kThreads) {
+    const int64_t word = slice.first_word + i;
+    if constexpr (kBits == 4) {
+      uint4 frag = make_uint4(0, 0, 0, 0);
+      if (word < a.words) {
+        const float4 lo = __ldg(x4 + 2 * word), hi = __ldg(x4 + 2 * word + 1);
+        frag = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z),
+                          pack_half2(lo.w, hi.w));
+      }
+      reinterpret_cast<uint4*>(x_staged)[i] = frag;
+    } else {
+      uint2 frag = make_uint2(0, 0);
+      if (word < a.words) {
+        const float4 v = __ldg(x4 + word);
+        frag = make_uint2(pack_half2(v.x, v.z), pack_half2(v.y, v.w));
+      }
+      reinterpret_cast<uint2*>(x_staged)[i] = frag;
+    }
+  }
+  __syncthreads();
+
+  float acc01[4] = {0, 0, 0, 0}, acc23[4] = {0, 0, 0, 0};  // D rows (row, row + 1), (row + 2, row + 3)
+  float total[4] = {0, 0, 0, 0};
+  float scale[4] = {0, 0, 0, 0};
+  uint32_t bias_low[4], bias_high[4];
+  int steps_in_acc = 0;
+  auto promote = [&] {  // the tensor cores' float32 accumulation truncates: keep its sums short
+    total[0] += scale[0] * acc01[0];
+    total[1] += scale[1] * acc01[2];
+    total[2] += scale[2] * acc23[0];
+    total[3] += scale[3] * acc23[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc01[i] = acc23[i] = 0.0f;
+    steps_in_acc = 0;
+  };
+  auto decode_params = [&] {
+    const int shift = kBits == 4 ? 4 * static_cast<int>(row % 8) : 0;
+    const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
+      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + a.zero_offset;
+      bias_low[r] = (0x6400u + zero) * 0x00010001u;        // {1024 + z} x2
+      bias_high[r] = (0xD400u + 16u * zero) * 0x00010001u;  // {-(64 + z)} x2
+    }
+  };
+  decode_params();
+
+  auto compute_batch = [&](const uint4 (&batch)[kBatch], int first) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int s = first + u;
+      if (s >= slice.steps) break;           // uniform across the block
+      if (s > 0 && steps_to_group == 0) {    // uniform: a new group (steps never straddle groups)
+        promote();
+        ++group;
+        raw_scales = next_scales;
+        raw_zeros = next_zeros;
+        decode_params();
+        steps_to_group = a.group_steps;
+        load_raw_params<kBits>(a, group + 1, row, row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
+      } else if (steps_in_acc == kPromoteSteps) {
+        promote();
+      }
+      --steps_to_group;
+      ++steps_in_acc;
+      const uint32_t* xs = x_staged + (s * kWordsPerStep + quad_col) * kRegsPerWord;
+      const uint4 w = batch[u];
+      if constexpr (kBits == 4) {
+        const uint4 xf = *reinterpret_cast<const uint4*>(xs);
+        uint32_t v0[4], v1[4], v2[4], v3[4];
+        dequant_word4(w.x, bias_low[0], bias_high[0], v0);
+        dequant_word4(w.y, bias_low[1], bias_high[1], v1);
+        dequant_word4(w.z, bias_low[2], bias_high[2], v2);
+        dequant_word4(w.w, bias_low[3], bias_high[3], v3);
+        mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+        mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
+        mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+        mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
+      } else {
+        const uint2 xf = *reinterpret_cast<const uint2*>(xs);
+        uint32_t v0[2], v1[2], v2[2], v3[2];
+        dequant_word8(w.x, bias_low[0], v0);
+        dequant_word8(w.y, bias_low[1], v1);
+        dequant_word8(w.z, bias_low[2], v2);
+        dequant_word8(w.w, bias_low[3], v3);
+        mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+        mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+      }
+    }
+  };
+
+  // Two batches in flight: the next batch's loads are issued before this one's arithmetic.
+  for (int first = 0; first < slice.steps; first += 2 * kBatch) {
+    if (first + kBatch < slice.steps) load_batch(pong, first + kBatch);
+    compute_batch(ping, first);
+    if (first + 2 * kBatch < slice.steps) load_batch(ping, first + 2 * kBatch);
+    if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
+  }
+  promote();
+  // Every thread of a quad holds the same sums (all D columns are equal); the first writes them.
+  finish_rows(a, row, make_float4(total[0], total[1], total[2], total[3]), row_ok && quad_col == 0);
+}
+
+// The baseline: lane l of every warp owns rows 4l .. 4l + 3 of the block's 128; warp k takes word k of each
+// step; float32 x, one FMA per weight, the zero folded into the magic-number conversion:
+// float(0x4B000000 | code) - (2^23 + zero) = code - zero exactly.
+template <int kBits>
+__global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a) {
+  constexpr int kCodes = 32 / kBits;
+  constexpr int kVectorsPerWord = kCodes / 4;  // float4 of x per word
+  extern __shared__ float4 x_shared[];
+  const Slice slice = block_slice(a);
+  const float4* x4 = reinterpret_cast<const float4*>(a.x);
+  for (int64_t i = threadIdx.x; i < slice.steps * kWordsPerStep * kVectorsPerWord; i += kThreads) {
+    const int64_t word = slice.first_word + i / kVectorsPerWord;
+    x_shared[i] = word < a.words ? __ldg(x4 + slice.first_word * kVectorsPerWord + i) : make_float4(0, 0, 0, 0);
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + 4 * lane;
+  const bool row_ok = row < a.rows;
+  const int32_t* weights = a.qweight + (slice.first_word + warp) * a.rows + row;
+  const int64_t step_stride = kWordsPerStep * a.rows;
+  constexpr uint32_t kMask = (1u << kBits) - 1;
+
+  float acc[4] = {0, 0, 0, 0}, total[4] = {0, 0, 0, 0};
+  RowGroupParams params{};
+  float bias[4];
+  int64_t group = -1;
+  for (int64_t s0 = 0; s0 < slice.steps; s0 += kUnroll) {
+    uint4 w[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool ok = row_ok && s0 + u < slice.steps && slice.first_word + (s0 + u) * kWordsPerStep + warp < a.words;
+      w[u] = ok ? load_streaming(weights + (s0 + u) * step_stride) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t s = s0 + u;
+      if (s >= slice.steps) break;
+      const int64_t step_group = (slice.first_word + s * kWordsPerStep) / a.group_words;
+      if (step_group != group) {
+        if (group >= 0) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            total[r] += params.scale[r] * acc[r];
+            acc[r] = 0.0f;
+          }
+        }
+        params = load_group_params<kBits>(a, step_group, row, row_ok);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) bias[r] = 8388608.0f + static_cast<float>(params.zero[r]);
+        group = step_group;
+      }
+      const float4* xs = x_shared + (s * kWordsPerStep + warp) * kVectorsPerWord;
+      const uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+#pragma unroll
+      for (int v = 0; v < kVectorsPerWord; ++v) {
+        const float4 xv = xs[v];
+        const float xj[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int shift = kBits * (4 * v + j);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float code = __uint_as_float(0x4B000000u | ((words[r] >> shift) & kMask)) - bias[r];
+            acc[r] = fmaf(code, xj[j], acc[r]);
+          }
+        }
+      }
+    }
+  }
+  if (group >= 0) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) total[r] += params.scale[r] * acc[r];
+  }
+  // Sum the 4 warps' slices of each row (in warp order), then finish as the tensor-core kernel does.
+  __shared__ float4 warp_sums[4][32];
+  warp_sums[warp][lane] = make_float4(total[0], total[1], total[2], total[3]);
+  __syncthreads();
+  float4 sums = warp_sums[0][lane];
+  for (int k = 1; k < 4; ++k) {
+    const float4 o = warp_sums[k][lane];
+    sums = make_float4(sums.x + o.x, sums.y + o.y, sums.z + o.z, sums.w + o.w);
+  }
+  finish_rows(a, row, sums, row_ok && warp == 0);
+}
+
+}  // namespace
+
+Status gemv_gptq(const DeviceGptqMatrix& w, const float* x, float* y, GemvWorkspace& workspace, Stream stream,
+                 const GemvOptions& options) {
+  PETREL_ASSIGN_OR_RETURN(GemvPlan plan,
+                          plan_gemv_gptq(w, workspace.multiprocessors(), workspace.partial_capacity(), options));
+  if (!w.qweight || !w.scales || !w.qzeros || !x || !y) return invalid_argument("gemv_gptq: null device pointer");
+  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  if ((address(w.qweight) | address(x) | address(y)) % 16 != 0 || address(w.scales) % 8 != 0) {
+    return invalid_argument("gemv_gptq: qweight, x and y must be 16-byte aligned and scales 8-byte aligned");
+  }
+  if (plan.k_splits > 1 && plan.row_blocks > workspace.counter_capacity()) {
+    return out_of_range("gemv_gptq: " + std::to_string(plan.row_blocks) + " row blocks exceed the workspace's " +
+                        std::to_string(workspace.counter_capacity()) + " counters");
+  }
+  const GemvArgs args{w.qweight,
+                      w.scales,
+                      w.qzeros,
+                      x,
+                      y,
+                      workspace.partials(),
+                      workspace.counters(),
+                      w.rows,
+                      w.cols / (32 / w.bits),
+                      w.group_size / (32 / w.bits),
+                      static_cast<int>(w.group_size == w.cols ? int64_t{1} << 30 : w.group_size / (32 / w.bits) / kWordsPerStep),
+                      w.zero_offset,
+                      plan.k_splits,
+                      static_cast<int>(plan.steps_per_split)};
+  const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
+  const size_t shared = static_cast<size_t>(plan.shared_bytes);
+  if (options.algorithm == GemvAlgorithm::kTensorCore) {
+    if (w.bits == 4) gemv_gptq_tensor_core<4><<<grid, kThreads, shared, stream>>>(args);
+    else gemv_gptq_tensor_core<8><<<grid, kThreads, shared, stream>>>(args);
+  } else {
+    if (w.bits == 4) gemv_gptq_cuda_core<4><<<grid, kThreads, shared, stream>>>(args);
+    else gemv_gptq_cuda_core<8><<<grid, kThreads, shared, stream>>>(args);
+  }
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    return cuda_status(error, "gemv_gptq launch (" + std::to_string(w.bits) + "-bit [" + std::to_string(w.rows) + ", " +
+                                  std::to_string(w.cols) + "])");
+  }
+  return ok_status();
+}
+
+}  // namespace petrel::cuda

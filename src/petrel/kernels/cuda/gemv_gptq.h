@@ -1,0 +1,106 @@
+// kernels/cuda: y = dequant(W) x for one activation vector (the token generator's shape) with W a 4-bit (or
+// 8-bit: the LM head) GPTQ matrix read in place in device memory. The layout is ref::GptqMatrix's
+// (kernels/ref/ops.h); gemv_gptq.cu says how the kernel reads it and why.
+//
+// Numerics: x comes in as float32 and the tensor-core kernel (the default) rounds it to fp16 as it stages it
+// (W4A16: 16-bit activations into the matrix unit); weights are dequantized exactly (code - zero is a small
+// integer, exact in fp16), products are exact, sums and the per-group scale are float32. So the result equals
+// ref::matmul on x rounded to fp16 up to float32 summation order; against ref::matmul on x itself it differs
+// by the fp16 rounding of x (relative L2 about 3e-4 on random data). The CUDA-core kernel keeps x in float32.
+// y is float32.
+#pragma once
+
+#include <cstdint>
+
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/ref/ops.h"
+#include "petrel/util/status.h"
+
+namespace petrel::cuda {
+
+// A GPTQ matrix whose tensors are in device memory; fields and shapes as ref::GptqMatrix (no g_idx:
+// act-order matrices are not supported).
+struct DeviceGptqMatrix {
+  int bits = 4;  // 4 or 8
+  int64_t rows = 0;        // out_features
+  int64_t cols = 0;        // in_features
+  int64_t group_size = 0;  // cols for per-channel
+  int zero_offset = 1;     // 1: GPTQ v1 (stored zero = real zero - 1); 0: gptq_v2
+  const int32_t* qweight = nullptr;  // [cols * bits / 32, rows]
+  const uint16_t* scales = nullptr;  // fp16 [n_groups, rows]
+  const int32_t* qzeros = nullptr;   // [n_groups, rows * bits / 32]
+
+  int64_t n_groups() const { return group_size > 0 ? (cols + group_size - 1) / group_size : 0; }
+  // Bytes of qweight, scales and qzeros: what one GEMV must read at least.
+  int64_t weight_bytes() const { return cols * rows * bits / 8 + n_groups() * rows * 2 + n_groups() * rows * bits / 8; }
+};
+
+// Owns the device copy of a host GPTQ matrix.
+class DeviceGptqWeights {
+ public:
+  // Uploads `host` to the current device; refuses act-order (g_idx) and shapes gemv_gptq cannot read.
+  static Result<DeviceGptqWeights> upload(const ref::GptqMatrix& host);
+  const DeviceGptqMatrix& view() const { return view_; }
+
+ private:
+  DeviceGptqMatrix view_;
+  DeviceBuffer qweight_, scales_, qzeros_;
+};
+
+// OK when gemv_gptq reads `w` (data pointers are not looked at); otherwise says what does not fit:
+// bits 4 or 8; rows a multiple of 4 (each thread reads 4 output channels with one 16-byte load);
+// cols a multiple of 32 / bits; per-channel or group_size a multiple of 4 * 32 / bits (32 for 4-bit, 16 for
+// 8-bit) that divides cols; zero_offset 0 or 1.
+Status gemv_gptq_supports(const DeviceGptqMatrix& w);
+
+enum class GemvAlgorithm {
+  kTensorCore,  // mma.sync m16n8k16, fp16 x (default; see gemv_gptq.cu)
+  kCudaCore,    // float32 FMA per weight, float32 x: the plain column-per-thread kernel, kept as a baseline
+};
+
+struct GemvOptions {
+  GemvAlgorithm algorithm = GemvAlgorithm::kTensorCore;
+  int k_splits = 0;  // blocks along the input dimension; 0: chosen from the shape and the multiprocessor count
+};
+
+// Scratch memory for the split-K reduction and the per-block arrival counters. One workspace per stream:
+// two GEMVs in flight at once must not share one. Created on the current device.
+class GemvWorkspace {
+ public:
+  // partial_floats: capacity of the partial-sum buffer; a split-K launch needs rows * k_splits of it.
+  static Result<GemvWorkspace> create(int64_t partial_floats = int64_t{1} << 20);
+  int multiprocessors() const { return multiprocessors_; }
+  int64_t partial_capacity() const { return partial_floats_; }
+  int64_t counter_capacity() const { return counters_; }
+  float* partials() const { return partials_.as<float>(); }
+  uint32_t* counters() const { return counter_buffer_.as<uint32_t>(); }
+
+ private:
+  int multiprocessors_ = 0;
+  int64_t partial_floats_ = 0, counters_ = 0;
+  DeviceBuffer partials_, counter_buffer_;
+};
+
+// How a launch cuts the matrix: blocks of kRowsPerBlock output rows times k_splits slices of the input,
+// each slice steps_per_split steps of 4 packed input words.
+struct GemvPlan {
+  static constexpr int kRowsPerBlock = 128;
+  static constexpr int kThreadsPerBlock = 128;
+  int64_t row_blocks = 0;
+  int k_splits = 1;
+  int64_t steps_per_split = 0;
+  int64_t shared_bytes = 0;  // dynamic shared memory per block: the staged slice of x
+};
+
+// The plan gemv_gptq would use for `w` on a device with `multiprocessors` SMs, given the workspace's partial
+// capacity (exposed for the benchmark and the tests).
+Result<GemvPlan> plan_gemv_gptq(const DeviceGptqMatrix& w, int multiprocessors, int64_t partial_capacity,
+                                const GemvOptions& options = {});
+
+// y[w.rows] = dequant(w) * x[w.cols] on `stream`, asynchronously; x and y are device pointers, 16-byte
+// aligned. Checks shapes before the launch and returns launch errors; errors during execution surface at the
+// next synchronizing call. Every element of y is written.
+Status gemv_gptq(const DeviceGptqMatrix& w, const float* x, float* y, GemvWorkspace& workspace,
+                 Stream stream = nullptr, const GemvOptions& options = {});
+
+}  // namespace petrel::cuda
