@@ -90,11 +90,26 @@ done
 rm -f "$F16"
 ls -l "$Q40" "$Q4KM"
 
-# 5. Bench: prompt processing of 128 tokens (pp128) and generation of 32 tokens (tg32), 3 repetitions,
-#    all cores. A second tg-only run gives another generation sample when the first looks noisy.
+# 5. CPU features the build uses. llama-bench does not print llama_print_system_info(), so a 3-line probe
+#    linked against the static libraries prints it (e.g. "AVX512 = 1 | AVX512_VNNI = 1 | ...").
+if [ ! -x "$WORK/sysinfo" ]; then
+  printf '%s\n' '#include "llama.h"' '#include <cstdio>' \
+    'int main() { llama_backend_init(); std::printf("%s\n", llama_print_system_info()); return 0; }' > "$WORK/sysinfo.cpp"
+  locked g++ -O2 -I"$SRC/include" -I"$SRC/ggml/include" "$WORK/sysinfo.cpp" -o "$WORK/sysinfo" \
+    "$SRC/build/src/libllama.a" "$SRC/build/ggml/src/libggml.a" "$SRC/build/ggml/src/libggml-cpu.a" \
+    "$SRC/build/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl
+fi
+"$WORK/sysinfo" | tee "$WORK/sysinfo.txt"
+
+# 6. Bench: prompt processing of 128 tokens (pp128) and generation of 32 tokens (tg32), 3 repetitions,
+#    all cores; the md table ends with "build: COMMIT (0)". Then a tg-only and a pp-only run with 5
+#    repetitions each, as a second sample when the first is noisy (-oe json adds cpu_info etc. on stderr).
 for model in "$Q40" "$Q4KM"; do
   stamp "llama-bench $(basename "$model")"
-  locked "$BIN/llama-bench" -m "$model" -p 128 -n 32 -t "$THREADS" -r 3 -o md 2>&1 | tee "$model.bench.md"
-  locked "$BIN/llama-bench" -m "$model" -p 0 -n 32 -t "$THREADS" -r 3 -o md 2>&1 | tee "$model.bench-tg.md"
+  locked "$BIN/llama-bench" -m "$model" -p 128 -n 32 -t "$THREADS" -r 3 -o md | tee "$model.bench.md"
+  locked "$BIN/llama-bench" -m "$model" -p 0 -n 32 -t "$THREADS" -r 5 -o md -oe json 2>"$model.tg.json" \
+    | tee "$model.bench-tg.md"
+  locked "$BIN/llama-bench" -m "$model" -p 128 -n 0 -t "$THREADS" -r 5 -o md -oe json 2>"$model.pp.json" \
+    | tee "$model.bench-pp.md"
 done
 stamp "done in $(( $(date +%s) - T0 )) s"

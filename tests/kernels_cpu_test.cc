@@ -33,11 +33,13 @@ struct Shape { int64_t rows, cols, group; bool sym; int bits; };
 
 // Random and awkward shapes: channel counts that are not multiples of the 16-lane vector, the 64-channel GEMV
 // step or the 128-channel GEMM panel; groups smaller than, equal to and larger than the 128-column activation
-// block; 8-bit (the LM head's format).
+// block; 8-bit (the LM head's format); enough 128-column blocks for the GEMV to split the input between threads
+// (rows a multiple of 16, >= 2 blocks per thread).
 const Shape kShapes[] = {{64, 256, -1, true, 4},  {72, 128, 64, false, 4}, {8, 8, -1, true, 4},
                          {200, 1024, 128, true, 4}, {24, 64, 32, false, 4}, {136, 512, -1, false, 4},
                          {272, 768, 256, false, 4}, {152, 384, 384, true, 4}, {4, 4, -1, true, 8},
-                         {52, 256, -1, true, 8},    {36, 128, 64, false, 8}, {200, 640, 128, false, 8}};
+                         {52, 256, -1, true, 8},    {36, 128, 64, false, 8}, {200, 640, 128, false, 8},
+                         {64, 1024, -1, true, 4},   {48, 512, 64, false, 8}, {1024, 2048, 128, false, 4}};
 
 quant::GptqTensors make_matrix(const Shape& s, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);

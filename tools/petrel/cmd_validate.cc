@@ -16,6 +16,7 @@ namespace petrel::cli {
 namespace {
 
 struct ValidateFlags {
+  std::string kv_type = "f16";
   std::string checkpoint, reference, text, report;
   double text_tail = 0.1;
   eval::ValidateOptions options;
@@ -53,6 +54,7 @@ int run_validate(ValidateFlags f) {
   tokens.insert(tokens.end(), ids->begin(), ids->end());
 
   ProgressBar progress("validate", 1, !f.quiet);
+  f.options.kv_type = kv_type_of(f.kv_type);
   auto report = eval::validate_paths(**quantized, **reference, tokens, *bos, f.options, [&](int64_t done, int64_t total) {
     progress.update(static_cast<double>(done) / total, "window " + std::to_string(done) + "/" + std::to_string(total));
   });
@@ -65,6 +67,7 @@ int run_validate(ValidateFlags f) {
   json["text"] = default_text ? text_path + " (last " + std::to_string(static_cast<int>(f.text_tail * 100)) + "%)" : text_path;
   json["window"] = f.options.window;
   json["chunk_size"] = f.options.chunk_size;
+  json["kv_type"] = f.kv_type;
   const std::string report_path = f.report.empty() ? f.checkpoint + "/validation.json" : f.report;
   Status s = write_file_atomic(report_path, json.dump(2) + "\n");
   if (!s.ok()) return report_error("validate", s);
@@ -101,6 +104,7 @@ void add_validate_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--window", f->options.window, "Tokens per window (BOS first; the second half is scored)")->capture_default_str();
   cmd->add_option("--chunk-size", f->options.chunk_size, "Prompt processor sequence length")->capture_default_str();
   cmd->add_option("--max-windows", f->options.max_windows, "Score at most this many windows (-1: all)")->capture_default_str();
+  add_kv_type_option(cmd, f->kv_type);
   cmd->add_option("--max-kl", f->options.thresholds.max_kl_mean, "Fail when a path's mean KL to the float model exceeds this")->capture_default_str();
   cmd->add_option("--min-top1", f->options.thresholds.min_top1, "Fail when a path's top-1 agreement is below this")->capture_default_str();
   cmd->add_option("--max-path-kl", f->options.thresholds.max_path_kl_mean, "Fail when PP and TG differ by more mean KL")->capture_default_str();

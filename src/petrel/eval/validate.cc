@@ -23,10 +23,10 @@ nlohmann::ordered_json ValidateReport::to_json() const {
 
 namespace {
 
-// All logits of a window through one path.
+// All logits of a window through one path, with a KV cache of `kv_type`.
 Status window_logits(const LlamaModel& model, std::span<const int32_t> window, bool token_generator,
-                     int64_t chunk_size, std::vector<float>* logits) {
-  PETREL_ASSIGN_OR_RETURN(KvCache cache, model.new_cache(static_cast<int64_t>(window.size())));
+                     int64_t chunk_size, KvType kv_type, std::vector<float>* logits) {
+  PETREL_ASSIGN_OR_RETURN(KvCache cache, model.new_cache(static_cast<int64_t>(window.size()), kv_type));
   if (!token_generator) return model.process_prompt(window, cache, chunk_size, LogitsMode::kAll, logits);
   logits->clear();
   std::vector<float> step;
@@ -68,9 +68,10 @@ Result<ValidateReport> validate_paths(const LlamaModel& quantized, const LlamaMo
   for (int64_t k = 0; k < n_windows; ++k) {
     std::vector<int32_t> window(tokens.begin() + k * w, tokens.begin() + (k + 1) * w);
     window[0] = bos;
-    PETREL_RETURN_IF_ERROR(window_logits(reference, window, false, options.chunk_size, &ref_logits));
-    PETREL_RETURN_IF_ERROR(window_logits(quantized, window, false, options.chunk_size, &pp_logits));
-    PETREL_RETURN_IF_ERROR(window_logits(quantized, window, true, options.chunk_size, &tg_logits));
+    // The reference keeps a float32 KV cache (its best numerics); the quantized model runs as deployed.
+    PETREL_RETURN_IF_ERROR(window_logits(reference, window, false, options.chunk_size, KvType::kF32, &ref_logits));
+    PETREL_RETURN_IF_ERROR(window_logits(quantized, window, false, options.chunk_size, options.kv_type, &pp_logits));
+    PETREL_RETURN_IF_ERROR(window_logits(quantized, window, true, options.chunk_size, options.kv_type, &tg_logits));
     for (int64_t i = w / 2; i < w - 1; ++i) {
       std::span<const float> r(ref_logits.data() + i * vocab, vocab), p(pp_logits.data() + i * vocab, vocab),
           t(tg_logits.data() + i * vocab, vocab);

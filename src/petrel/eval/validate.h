@@ -33,6 +33,7 @@ struct ValidateOptions {
   int64_t window = 256;
   int64_t chunk_size = 128;
   int64_t max_windows = -1;  // -1: the whole text
+  KvType kv_type = KvType::kF16;  // the quantized model's KV cache, as deployed (the reference uses float32)
   ValidateThresholds thresholds;
 };
 

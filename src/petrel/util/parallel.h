@@ -1,7 +1,9 @@
-// A small fixed thread pool with a blocking parallel_for. The reference kernels use it for simple
-// row-parallelism; the optimized CPU kernels bring their own scheduling later.
+// A small fixed thread pool with a blocking parallel_for, used by the reference and the SIMD kernels. Between
+// calls the workers spin for about a millisecond before sleeping, so that the few hundred short calls of a
+// decode step do not each pay a wake-up. One caller at a time (parallel_for is not re-entrant).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -38,12 +40,13 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
+  // The current job: written by parallel_for before it publishes a new generation, read by the workers after.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_block_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};  // workers still running the current job
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace petrel
