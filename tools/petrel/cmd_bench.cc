@@ -1,6 +1,7 @@
 // petrel bench: llama-bench's table (model, size, params, backend, threads, test, t/s as mean +- sd) for
 // prompt processing (ppN: N tokens through the prompt processor, from an empty context) and token generation
 // (tgN: N tokens one at a time, from an empty context), repeated -r times after one warm-up.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "petrel/util/bandwidth.h"
+#include "petrel/model/cuda_model.h"
 #include "petrel/model/llama.h"
 #include "petrel/util/parallel.h"
 
@@ -30,6 +32,7 @@ struct BenchFlags {
   int threads = 0;
   std::string output = "md";
   int64_t chunk_size = 128;
+  std::string backend = "cpu";  // cpu, or cuda: the token generator on GPU 0 (model/cuda_model.h), tg only
 };
 
 struct BenchRow {
@@ -58,9 +61,24 @@ int run_bench(const BenchFlags& f) {
   if (!pp.ok()) return report_error(cmd, pp.status());
   auto tg = parse_sizes(f.gen_sizes, "-n");
   if (!tg.ok()) return report_error(cmd, tg.status());
+  if (f.backend != "cpu" && f.backend != "cuda") {
+    return report_error(cmd, invalid_argument("--backend must be cpu or cuda, got '" + f.backend + "'"));
+  }
   auto model = LlamaModel::load(f.model);
   if (!model.ok()) return report_error(cmd, model.status());
   const LlamaConfig& c = (*model)->config();
+  std::unique_ptr<CudaModel> gpu;  // --backend cuda: weights uploaded once, KV cache on the GPU
+  if (f.backend == "cuda") {
+    if (!pp->empty()) std::fprintf(stderr, "bench: --backend cuda measures tg only (no GPU prompt processor yet); pp tests skipped\n");
+    pp->clear();
+    int64_t longest = 1;
+    for (int64_t n : *tg) longest = std::max(longest, n);
+    CudaModelOptions options;
+    options.context_length = longest;
+    auto created = CudaModel::create(**model, options);
+    if (!created.ok()) return report_error(cmd, created.status());
+    gpu = std::move(created).value();
+  }
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size - 1));
 
@@ -76,6 +94,17 @@ int run_bench(const BenchFlags& f) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   auto time_tg = [&](int64_t n) -> Result<double> {
+    if (gpu) {
+      gpu->reset();
+      std::vector<float> logits;
+      int32_t next = token(rng);
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < n; ++i) {
+        PETREL_RETURN_IF_ERROR(gpu->decode(next, &logits));
+        next = token(rng);
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(n, c.max_position_embeddings), kv_type_of(f.kv_type)));
     std::vector<float> logits;
     int32_t next = token(rng);
@@ -143,7 +172,7 @@ int run_bench(const BenchFlags& f) {
   else std::snprintf(params, sizeof params, "%.2f M", n_params / 1e6);
   const int threads = ThreadPool::global().size();
   // GPTQ matrices run on kernels/cpu (gptq_matmul: GEMV for tg, GEMM for pp); float matrices on kernels/ref.
-  const char* backend = "cpu";
+  const char* backend = gpu ? "cuda" : "cpu";
   // Bytes a generated token reads: every linear weight with its scales and zero points, the norms, one
   // embedding row (the KV cache adds 2 * layers * positions * kv_dim * element bytes, small at these lengths).
   const uint64_t bytes_per_token = [&] {
@@ -212,6 +241,7 @@ void add_bench_command(CLI::App& app, CliContext& ctx) {
   cmd->add_flag("--bandwidth", f->bandwidth,
                 "Also measure the machine's read bandwidth and report bytes read per generated token against it");
   cmd->add_option("--chunk-size", f->chunk_size, "Prompt processor sequence length")->capture_default_str();
+  cmd->add_option("--backend", f->backend, "cpu, or cuda (GPU 0; tg tests only)")->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_bench(*f); });
 }
 

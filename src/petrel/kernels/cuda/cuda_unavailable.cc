@@ -3,7 +3,13 @@
 #if !PETREL_HAVE_CUDA
 
 #include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/attention.h"
+#include "petrel/kernels/cuda/elementwise.h"
+#include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/rope.h"
+#include "petrel/kernels/cuda/stream.h"
 
 namespace petrel::cuda {
 
@@ -30,6 +36,48 @@ Status DeviceBuffer::download(void*, size_t, size_t) const { return not_built();
 Status DeviceBuffer::fill_bytes(uint8_t) { return not_built(); }
 
 Status gemv_gptq(const DeviceGptqMatrix&, const float*, float*, GemvWorkspace&, Stream, const GemvOptions&) {
+  return not_built();
+}
+
+
+Result<CudaStream> CudaStream::create() { return not_built(); }
+CudaStream::~CudaStream() = default;
+CudaStream::CudaStream(CudaStream&&) noexcept {}
+CudaStream& CudaStream::operator=(CudaStream&&) noexcept { return *this; }
+Status CudaStream::synchronize() const { return not_built(); }
+Result<CudaEvent> CudaEvent::create() { return not_built(); }
+CudaEvent::~CudaEvent() = default;
+CudaEvent::CudaEvent(CudaEvent&&) noexcept {}
+CudaEvent& CudaEvent::operator=(CudaEvent&&) noexcept { return *this; }
+Status CudaEvent::record(Stream) const { return not_built(); }
+Status CudaEvent::wait_in(Stream) const { return not_built(); }
+CudaGraph::~CudaGraph() = default;
+CudaGraph::CudaGraph(CudaGraph&&) noexcept {}
+CudaGraph& CudaGraph::operator=(CudaGraph&&) noexcept { return *this; }
+Status CudaGraph::begin_capture(Stream) { return not_built(); }
+Result<CudaGraph> CudaGraph::end_capture(Stream) { return not_built(); }
+Status CudaGraph::launch(Stream) const { return not_built(); }
+Status copy_to_device(void*, const void*, size_t, Stream) { return not_built(); }
+Status copy_to_host(void*, const void*, size_t, Stream) { return not_built(); }
+Status copy_on_device(void*, const void*, size_t, Stream) { return not_built(); }
+Result<PinnedBuffer> PinnedBuffer::allocate(size_t) { return not_built(); }
+PinnedBuffer::~PinnedBuffer() = default;
+PinnedBuffer::PinnedBuffer(PinnedBuffer&&) noexcept {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
+
+Status rms_norm(float*, const float*, int64_t, int64_t, const DeviceVector&, float, float*, Stream) { return not_built(); }
+Status embedding_lookup(const DeviceDenseMatrix&, const int32_t*, int64_t, float*, Stream) { return not_built(); }
+Status silu_mul(const float*, const float*, int64_t, float*, Stream) { return not_built(); }
+Status add_in_place(float*, const float*, int64_t, Stream) { return not_built(); }
+Status gemv_dense(const DeviceDenseMatrix&, const float*, float*, Stream) { return not_built(); }
+Status rope_store_kv(float*, const float*, const float*, const RopeShape&, const float*, const int32_t*, uint16_t*,
+                     uint16_t*, Stream) {
+  return not_built();
+}
+int64_t decode_attention_split(int64_t) { return 128; }
+int64_t decode_attention_workspace_floats(const DecodeAttentionShape&) { return 0; }
+Status decode_attention(const float*, const uint16_t*, const uint16_t*, const int32_t*, const DecodeAttentionShape&,
+                        float*, float*, Stream) {
   return not_built();
 }
 

@@ -1,0 +1,69 @@
+// kernels/cuda: embedding lookup, SiLU(gate) * up and residual add: the token generator's element-wise ops,
+// one thread per element (float32 [n] arrays; tables row-major [rows, cols] in their stored dtype).
+// Numerics: widening is exact; silu uses expf (not the approximate __expf) and IEEE division, as ref::silu_mul.
+// These move a few KB per call and are launch-bound; in the decode step they run inside a CUDA graph, and
+// the residual adds are fused into RMSNorm (norm.cu), so add_in_place serves other callers and the tests.
+#include <cuda_runtime.h>
+
+#include "petrel/kernels/cuda/cuda_check.h"
+#include "petrel/kernels/cuda/dtype_load.cuh"
+#include "petrel/kernels/cuda/elementwise.h"
+
+namespace petrel::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+__global__ void embedding_kernel(const void* table, WeightType type, int64_t rows, int64_t cols, const int32_t* tokens,
+                                 float* out) {
+  const int64_t c = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  const int32_t token = tokens[blockIdx.y];
+  out[int64_t{blockIdx.y} * cols + c] = token >= 0 && token < rows ? load_widened(table, type, token * cols + c) : __int_as_float(0x7FC00000);
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate[i];
+  out[i] = g / (1.0f + expf(-g)) * up[i];
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+}  // namespace
+
+Status embedding_lookup(const DeviceDenseMatrix& table, const int32_t* tokens, int64_t n_tokens, float* out,
+                        Stream stream) {
+  PETREL_ASSIGN_OR_RETURN(WeightType type, weight_type(table.dtype, "cuda::embedding_lookup"));
+  if (table.rows <= 0 || table.cols <= 0 || n_tokens <= 0 || n_tokens > 65535) {
+    return invalid_argument("cuda::embedding_lookup: table [" + std::to_string(table.rows) + ", " +
+                            std::to_string(table.cols) + "], " + std::to_string(n_tokens) + " tokens");
+  }
+  if (!table.data || !tokens || !out) return invalid_argument("cuda::embedding_lookup: null device pointer");
+  embedding_kernel<<<dim3(blocks_for(table.cols), static_cast<unsigned>(n_tokens)), kThreads, 0, stream>>>(
+      table.data, type, table.rows, table.cols, tokens, out);
+  return cuda_status(cudaGetLastError(), "embedding_lookup launch");
+}
+
+Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream) {
+  if (n <= 0) return invalid_argument("cuda::silu_mul: " + std::to_string(n) + " elements");
+  if (!gate || !up || !out) return invalid_argument("cuda::silu_mul: null device pointer");
+  silu_mul_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
+  return cuda_status(cudaGetLastError(), "silu_mul launch");
+}
+
+Status add_in_place(float* x, const float* y, int64_t n, Stream stream) {
+  if (n <= 0) return invalid_argument("cuda::add_in_place: " + std::to_string(n) + " elements");
+  if (!x || !y) return invalid_argument("cuda::add_in_place: null device pointer");
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  return cuda_status(cudaGetLastError(), "add_in_place launch");
+}
+
+}  // namespace petrel::cuda

@@ -1,0 +1,33 @@
+// kernels/cuda: the element-wise ops of the token generator: embedding lookup, SiLU(gate) * up, residual add.
+// Layout, preconditions and numerics are in elementwise.cu's header comment.
+#pragma once
+
+#include <cstdint>
+
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/util/dtype.h"
+#include "petrel/util/status.h"
+
+namespace petrel::cuda {
+
+// A row-major matrix in device memory in its stored element type (F32, F16 or BF16).
+struct DeviceDenseMatrix {
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+};
+
+// out[i, :] = table[tokens[i], :] widened to float32, for i < n_tokens. `tokens` is a device array (so that a
+// captured graph reads the current token); ids outside [0, table.rows) give rows of NaN, not a fault (the
+// host checks ids before it uploads them).
+Status embedding_lookup(const DeviceDenseMatrix& table, const int32_t* tokens, int64_t n_tokens, float* out,
+                        Stream stream = nullptr);
+
+// out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)), as ref::silu_mul. out may alias gate or up.
+Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream = nullptr);
+
+// x[i] += y[i], as ref::add_in_place.
+Status add_in_place(float* x, const float* y, int64_t n, Stream stream = nullptr);
+
+}  // namespace petrel::cuda

@@ -1,0 +1,373 @@
+// The GPU token generator (cuda_model.h): weight upload, device buffers, and the decode step as a sequence
+// of kernels/cuda launches on one stream, captured in a CUDA graph. Plain C++ over kernels/cuda's API; in a
+// build without CUDA those calls answer "not built" and create() says so first.
+#include "petrel/model/cuda_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "petrel/kernels/cuda/attention.h"
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/elementwise.h"
+#include "petrel/kernels/cuda/gemv_dense.h"
+#include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/rope.h"
+#include "petrel/kernels/cuda/stream.h"
+#include "petrel/model/rope.h"
+
+namespace petrel {
+
+namespace {
+
+// A linear layer on the device: GPTQ codes read by gemv_gptq, or a dense matrix read by gemv_dense.
+struct DeviceLinear {
+  bool gptq = false;
+  cuda::DeviceGptqWeights quantized;
+  cuda::DeviceBuffer dense_storage;  // empty when the matrix is shared (a tied LM head)
+  cuda::DeviceDenseMatrix dense;
+
+  int64_t bytes() const {
+    return gptq ? quantized.view().weight_bytes() : static_cast<int64_t>(dense_storage.size());
+  }
+};
+
+struct DeviceNorm {
+  cuda::DeviceBuffer storage;
+  cuda::DeviceVector weight;
+};
+
+struct DeviceLayer {
+  DeviceNorm input_norm, post_attn_norm;
+  DeviceLinear q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
+
+Result<cuda::DeviceBuffer> upload_bytes(const void* host, size_t bytes, const std::string& what) {
+  auto buffer = cuda::DeviceBuffer::allocate(bytes);
+  if (!buffer.ok()) return Status(buffer.status().code(), what + ": " + buffer.status().message());
+  Status uploaded = buffer->upload(host, bytes);
+  if (!uploaded.ok()) return Status(uploaded.code(), what + ": " + uploaded.message());
+  return std::move(buffer).value();
+}
+
+Result<DeviceNorm> upload_norm(const ref::DenseMatrix& host, const std::string& name) {
+  DeviceNorm norm;
+  const size_t bytes = static_cast<size_t>(host.rows * host.cols) * dtype_size(host.dtype);
+  PETREL_ASSIGN_OR_RETURN(norm.storage, upload_bytes(host.data, bytes, name));
+  norm.weight = cuda::DeviceVector{host.dtype, host.rows * host.cols, norm.storage.data()};
+  return norm;
+}
+
+Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& name) {
+  DeviceLinear linear;
+  if (host.kind == LinearWeight::Kind::kGptq) {
+    auto uploaded = cuda::DeviceGptqWeights::upload(host.gptq);
+    if (!uploaded.ok()) return Status(uploaded.status().code(), name + ": " + uploaded.status().message());
+    linear.gptq = true;
+    linear.quantized = std::move(uploaded).value();
+    return linear;
+  }
+  const ref::DenseMatrix& m = host.dense;
+  const size_t bytes = static_cast<size_t>(m.rows * m.cols) * dtype_size(m.dtype);
+  PETREL_ASSIGN_OR_RETURN(linear.dense_storage, upload_bytes(m.data, bytes, name));
+  linear.dense = cuda::DeviceDenseMatrix{m.dtype, m.rows, m.cols, linear.dense_storage.data()};
+  return linear;
+}
+
+Status with_context(Status status, const std::string& what) {
+  if (status.ok()) return status;
+  return Status(status.code(), what + ": " + status.message());
+}
+
+}  // namespace
+
+struct CudaModel::State {
+  LlamaConfig config;
+  CudaModelOptions options;
+  int64_t position = 0;
+
+  cuda::CudaStream stream;
+  cuda::GemvWorkspace gemv_workspace;
+  // Independent projections run side by side: k and v beside q, up beside gate (each GEMV of a small
+  // matrix is mostly fixed latency; see kernels/cuda/gemv_gptq.cu). Each side stream has its own workspace.
+  cuda::CudaStream side_streams[2];
+  cuda::GemvWorkspace side_workspaces[2];
+  cuda::CudaEvent fork_event, join_events[2];
+  cuda::CudaGraph step_graph;  // the step without the LM head, captured at the first decode
+
+  cuda::DeviceBuffer embed_storage;
+  cuda::DeviceDenseMatrix embed;
+  std::vector<DeviceLayer> layers;
+  DeviceNorm final_norm;
+  DeviceLinear lm_head;
+  cuda::DeviceBuffer inv_freq;  // [head_dim / 2]
+
+  // KV cache, [n_layers, context_length, n_kv_heads, head_dim] fp16 each.
+  cuda::DeviceBuffer keys, values;
+  // Activations of one token (each its own allocation: the GEMVs want 16-byte aligned vectors).
+  cuda::DeviceBuffer step_input;  // int32 {token, position}
+  cuda::DeviceBuffer x, normed, q, k, v, attn, proj, gate, up, logits, attention_workspace;
+  cuda::PinnedBuffer host_logits;
+
+  int64_t weight_bytes = 0;
+
+  cuda::DecodeAttentionShape attention_shape() const {
+    cuda::DecodeAttentionShape s;
+    s.n_heads = config.num_attention_heads;
+    s.n_kv_heads = config.num_key_value_heads;
+    s.head_dim = config.head_dim;
+    s.context_length = options.context_length;
+    s.split_positions = options.attention_split;
+    return s;
+  }
+
+  int64_t kv_layer_elements() const { return options.context_length * config.kv_dim(); }
+
+  // side -1: the main stream; 0 or 1: a side stream (between fork() and join()).
+  Status linear(const DeviceLinear& w, const cuda::DeviceBuffer& in, cuda::DeviceBuffer& out, int side = -1) {
+    const cuda::Stream s = side < 0 ? stream.get() : side_streams[side].get();
+    cuda::GemvWorkspace& ws = side < 0 ? gemv_workspace : side_workspaces[side];
+    if (w.gptq) return cuda::gemv_gptq(w.quantized.view(), in.as<float>(), out.as<float>(), ws, s);
+    return cuda::gemv_dense(w.dense, in.as<float>(), out.as<float>(), s);
+  }
+
+  // The side streams wait for the work issued so far on the main stream.
+  Status fork(int sides) {
+    PETREL_RETURN_IF_ERROR(fork_event.record(stream.get()));
+    for (int i = 0; i < sides; ++i) PETREL_RETURN_IF_ERROR(fork_event.wait_in(side_streams[i].get()));
+    return ok_status();
+  }
+  // The main stream waits for the work issued on the side streams.
+  Status join(int sides) {
+    for (int i = 0; i < sides; ++i) {
+      PETREL_RETURN_IF_ERROR(join_events[i].record(side_streams[i].get()));
+      PETREL_RETURN_IF_ERROR(join_events[i].wait_in(stream.get()));
+    }
+    return ok_status();
+  }
+
+  // Everything up to the final RMSNorm (into `normed`), for the token and position in step_input.
+  Status enqueue_step() {
+    const LlamaConfig& c = config;
+    const cuda::Stream s = stream.get();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const int32_t* token = step_input.as<int32_t>();
+    const int32_t* pos = token + 1;
+    const cuda::RopeShape rope{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+    const cuda::DecodeAttentionShape attention = attention_shape();
+    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, x.as<float>(), s));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      DeviceLayer& w = layers[l];
+      uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
+      uint16_t* layer_values = values.as<uint16_t>() + l * kv_layer_elements();
+      // Self-attention: the previous layer's MLP output is added to x as x is normalized.
+      PETREL_RETURN_IF_ERROR(cuda::rms_norm(x.as<float>(), l == 0 ? nullptr : proj.as<float>(), 1, c.hidden_size,
+                                            w.input_norm.weight, eps, normed.as<float>(), s));
+      PETREL_RETURN_IF_ERROR(fork(2));
+      PETREL_RETURN_IF_ERROR(linear(w.q_proj, normed, q));
+      PETREL_RETURN_IF_ERROR(linear(w.k_proj, normed, k, 0));
+      PETREL_RETURN_IF_ERROR(linear(w.v_proj, normed, v, 1));
+      PETREL_RETURN_IF_ERROR(join(2));
+      PETREL_RETURN_IF_ERROR(cuda::rope_store_kv(q.as<float>(), k.as<float>(), v.as<float>(), rope, inv_freq.as<float>(),
+                                                 pos, layer_keys, layer_values, s));
+      PETREL_RETURN_IF_ERROR(cuda::decode_attention(q.as<float>(), layer_keys, layer_values, pos, attention,
+                                                    attention_workspace.as<float>(), attn.as<float>(), s));
+      PETREL_RETURN_IF_ERROR(linear(w.o_proj, attn, proj));
+      // Feed-forward: x += attention output, normalized.
+      PETREL_RETURN_IF_ERROR(cuda::rms_norm(x.as<float>(), proj.as<float>(), 1, c.hidden_size, w.post_attn_norm.weight,
+                                            eps, normed.as<float>(), s));
+      PETREL_RETURN_IF_ERROR(fork(1));
+      PETREL_RETURN_IF_ERROR(linear(w.gate_proj, normed, gate));
+      PETREL_RETURN_IF_ERROR(linear(w.up_proj, normed, up, 0));
+      PETREL_RETURN_IF_ERROR(join(1));
+      PETREL_RETURN_IF_ERROR(cuda::silu_mul(gate.as<float>(), up.as<float>(), c.intermediate_size, gate.as<float>(), s));
+      PETREL_RETURN_IF_ERROR(linear(w.down_proj, gate, proj));
+    }
+    return cuda::rms_norm(x.as<float>(), proj.as<float>(), 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
+  }
+
+  Status run_step() {
+    if (!options.use_graph) return enqueue_step();
+    if (step_graph.empty()) {
+      PETREL_RETURN_IF_ERROR(cuda::CudaGraph::begin_capture(stream.get()));
+      Status enqueued = enqueue_step();
+      auto graph = cuda::CudaGraph::end_capture(stream.get());  // always end the capture, also after an error
+      PETREL_RETURN_IF_ERROR(enqueued);
+      PETREL_RETURN_IF_ERROR(with_context(graph.status(), "capturing the decode step"));
+      step_graph = std::move(graph).value();
+    }
+    return step_graph.launch(stream.get());
+  }
+};
+
+CudaModel::CudaModel(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaModel::~CudaModel() = default;
+
+const LlamaConfig& CudaModel::config() const { return state_->config; }
+int64_t CudaModel::position() const { return state_->position; }
+int64_t CudaModel::context_length() const { return state_->options.context_length; }
+void CudaModel::reset() { state_->position = 0; }
+void CudaModel::truncate(int64_t n) {
+  if (n >= 0 && n < state_->position) state_->position = n;
+}
+
+int64_t CudaModel::device_bytes() const {
+  const State& s = *state_;
+  int64_t bytes = s.weight_bytes + static_cast<int64_t>(s.keys.size() + s.values.size());
+  for (const cuda::DeviceBuffer* b : {&s.x, &s.normed, &s.q, &s.k, &s.v, &s.attn, &s.proj, &s.gate, &s.up, &s.logits,
+                                      &s.attention_workspace}) {
+    bytes += static_cast<int64_t>(b->size());
+  }
+  return bytes;
+}
+
+Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, const CudaModelOptions& options) {
+  if (!cuda::built_with_cuda()) {
+    return unsupported("the CUDA backend is not built (configure with nvcc available and -DPETREL_CUDA=ON)");
+  }
+  PETREL_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
+  if (devices.empty()) return unsupported("no CUDA device: " + cuda::no_device_reason());
+  if (options.device < 0 || options.device >= static_cast<int>(devices.size())) {
+    return invalid_argument("CUDA device " + std::to_string(options.device) + " does not exist (" +
+                            std::to_string(devices.size()) + " found)");
+  }
+  const LlamaConfig& c = model.config();
+  if (options.context_length <= 0) {
+    return invalid_argument("context length " + std::to_string(options.context_length) + " must be positive");
+  }
+  if (c.head_dim % 2 != 0 || c.head_dim > cuda::kMaxHeadDim) {
+    return unsupported("the CUDA token generator needs an even head_dim of at most " +
+                       std::to_string(cuda::kMaxHeadDim) + ", the model has " + std::to_string(c.head_dim));
+  }
+  PETREL_RETURN_IF_ERROR(cuda::set_device(options.device));
+
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  s.config = c;
+  s.options = options;
+  // As Session does: a longer context than the model was trained for is clamped to max_position_embeddings.
+  s.options.context_length = std::min(options.context_length, c.max_position_embeddings);
+  PETREL_ASSIGN_OR_RETURN(s.stream, cuda::CudaStream::create());
+  PETREL_ASSIGN_OR_RETURN(s.gemv_workspace, cuda::GemvWorkspace::create());
+  for (int i = 0; i < 2; ++i) {
+    PETREL_ASSIGN_OR_RETURN(s.side_streams[i], cuda::CudaStream::create());
+    PETREL_ASSIGN_OR_RETURN(s.side_workspaces[i], cuda::GemvWorkspace::create());
+    PETREL_ASSIGN_OR_RETURN(s.join_events[i], cuda::CudaEvent::create());
+  }
+  PETREL_ASSIGN_OR_RETURN(s.fork_event, cuda::CudaEvent::create());
+
+  // Weights, in their stored layouts and dtypes.
+  const LlamaWeights& w = model.weights();
+  const size_t embed_bytes = static_cast<size_t>(w.embed_tokens.rows * w.embed_tokens.cols) * dtype_size(w.embed_tokens.dtype);
+  PETREL_ASSIGN_OR_RETURN(s.embed_storage, upload_bytes(w.embed_tokens.data, embed_bytes, "model.embed_tokens.weight"));
+  s.embed = cuda::DeviceDenseMatrix{w.embed_tokens.dtype, w.embed_tokens.rows, w.embed_tokens.cols, s.embed_storage.data()};
+  s.weight_bytes += static_cast<int64_t>(embed_bytes);
+  s.layers.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const LlamaLayerWeights& hw = w.layers[l];
+    DeviceLayer& dw = s.layers[l];
+    PETREL_ASSIGN_OR_RETURN(dw.input_norm, upload_norm(hw.input_norm, p + "input_layernorm"));
+    PETREL_ASSIGN_OR_RETURN(dw.post_attn_norm, upload_norm(hw.post_attn_norm, p + "post_attention_layernorm"));
+    PETREL_ASSIGN_OR_RETURN(dw.q_proj, upload_linear(hw.q_proj, p + "self_attn.q_proj"));
+    PETREL_ASSIGN_OR_RETURN(dw.k_proj, upload_linear(hw.k_proj, p + "self_attn.k_proj"));
+    PETREL_ASSIGN_OR_RETURN(dw.v_proj, upload_linear(hw.v_proj, p + "self_attn.v_proj"));
+    PETREL_ASSIGN_OR_RETURN(dw.o_proj, upload_linear(hw.o_proj, p + "self_attn.o_proj"));
+    PETREL_ASSIGN_OR_RETURN(dw.gate_proj, upload_linear(hw.gate_proj, p + "mlp.gate_proj"));
+    PETREL_ASSIGN_OR_RETURN(dw.up_proj, upload_linear(hw.up_proj, p + "mlp.up_proj"));
+    PETREL_ASSIGN_OR_RETURN(dw.down_proj, upload_linear(hw.down_proj, p + "mlp.down_proj"));
+    s.weight_bytes += static_cast<int64_t>(dw.input_norm.storage.size() + dw.post_attn_norm.storage.size());
+    for (const DeviceLinear* lin : {&dw.q_proj, &dw.k_proj, &dw.v_proj, &dw.o_proj, &dw.gate_proj, &dw.up_proj, &dw.down_proj}) {
+      s.weight_bytes += lin->bytes();
+    }
+  }
+  PETREL_ASSIGN_OR_RETURN(s.final_norm, upload_norm(w.final_norm, "model.norm"));
+  s.weight_bytes += static_cast<int64_t>(s.final_norm.storage.size());
+  const bool tied = w.lm_head.kind == LinearWeight::Kind::kDense && w.lm_head.dense.data == w.embed_tokens.data;
+  if (tied) {
+    s.lm_head.dense = s.embed;  // transformers ties lm_head to the embedding: one copy on the device too
+  } else {
+    PETREL_ASSIGN_OR_RETURN(s.lm_head, upload_linear(w.lm_head, "lm_head"));
+    s.weight_bytes += s.lm_head.bytes();
+  }
+  const std::vector<float> inv_freq = rope_inverse_frequencies(c.rope, c.head_dim);
+  PETREL_ASSIGN_OR_RETURN(s.inv_freq, upload_bytes(inv_freq.data(), inv_freq.size() * 4, "RoPE inverse frequencies"));
+
+  // KV cache and activations.
+  const size_t kv_bytes = static_cast<size_t>(c.num_hidden_layers * s.kv_layer_elements()) * 2;
+  PETREL_ASSIGN_OR_RETURN(s.keys, cuda::DeviceBuffer::allocate(kv_bytes));
+  PETREL_ASSIGN_OR_RETURN(s.values, cuda::DeviceBuffer::allocate(kv_bytes));
+  auto floats = [](int64_t n) { return cuda::DeviceBuffer::allocate(static_cast<size_t>(n) * 4); };
+  PETREL_ASSIGN_OR_RETURN(s.step_input, cuda::DeviceBuffer::allocate(2 * sizeof(int32_t)));
+  PETREL_ASSIGN_OR_RETURN(s.x, floats(c.hidden_size));
+  PETREL_ASSIGN_OR_RETURN(s.normed, floats(c.hidden_size));
+  PETREL_ASSIGN_OR_RETURN(s.q, floats(c.q_dim()));
+  PETREL_ASSIGN_OR_RETURN(s.k, floats(c.kv_dim()));
+  PETREL_ASSIGN_OR_RETURN(s.v, floats(c.kv_dim()));
+  PETREL_ASSIGN_OR_RETURN(s.attn, floats(c.q_dim()));
+  PETREL_ASSIGN_OR_RETURN(s.proj, floats(c.hidden_size));
+  PETREL_ASSIGN_OR_RETURN(s.gate, floats(c.intermediate_size));
+  PETREL_ASSIGN_OR_RETURN(s.up, floats(c.intermediate_size));
+  PETREL_ASSIGN_OR_RETURN(s.logits, floats(c.vocab_size));
+  PETREL_ASSIGN_OR_RETURN(s.attention_workspace, floats(cuda::decode_attention_workspace_floats(s.attention_shape())));
+  PETREL_ASSIGN_OR_RETURN(s.host_logits, cuda::PinnedBuffer::allocate(static_cast<size_t>(c.vocab_size) * 4));
+  PETREL_RETURN_IF_ERROR(cuda::synchronize());
+  return std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
+}
+
+Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
+  State& s = *state_;
+  const LlamaConfig& c = s.config;
+  if (token < 0 || token >= c.vocab_size) {
+    return invalid_argument("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                            std::to_string(c.vocab_size) + ")");
+  }
+  if (s.position >= s.options.context_length) {
+    return out_of_range("Context Size was exceeded: " + std::to_string(s.position) + " positions used + 1 new token > context length " +
+                        std::to_string(s.options.context_length));
+  }
+  // Pageable source: cudaMemcpyAsync stages it before returning, so the host array may go away at once.
+  const int32_t input[2] = {token, static_cast<int32_t>(s.position)};
+  PETREL_RETURN_IF_ERROR(cuda::copy_to_device(s.step_input.data(), input, sizeof input, s.stream.get()));
+  PETREL_RETURN_IF_ERROR(s.run_step());
+  if (logits) {
+    PETREL_RETURN_IF_ERROR(s.linear(s.lm_head, s.normed, s.logits));
+    PETREL_RETURN_IF_ERROR(cuda::copy_to_host(s.host_logits.data(), s.logits.data(), static_cast<size_t>(c.vocab_size) * 4,
+                                              s.stream.get()));
+  }
+  PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "the CUDA decode step"));
+  if (logits) {
+    logits->resize(c.vocab_size);
+    std::memcpy(logits->data(), s.host_logits.data(), static_cast<size_t>(c.vocab_size) * 4);
+  }
+  ++s.position;
+  return ok_status();
+}
+
+Status CudaModel::forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits) {
+  const State& s = *state_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return invalid_argument("forward: no tokens");
+  if (mode != LogitsMode::kNone && !logits) return invalid_argument("forward: logits wanted but no output vector");
+  if (n > s.options.context_length - s.position) {
+    return out_of_range("Context Size was exceeded: " + std::to_string(s.position) + " positions used + " +
+                        std::to_string(n) + " new tokens > context length " + std::to_string(s.options.context_length));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= s.config.vocab_size) {
+      return invalid_argument("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(s.config.vocab_size) + ")");
+    }
+  }
+  if (logits) logits->clear();
+  std::vector<float> step;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool want = mode == LogitsMode::kAll || (mode == LogitsMode::kLast && i == n - 1);
+    PETREL_RETURN_IF_ERROR(decode(tokens[i], want ? &step : nullptr));
+    if (want) logits->insert(logits->end(), step.begin(), step.end());
+  }
+  return ok_status();
+}
+
+}  // namespace petrel

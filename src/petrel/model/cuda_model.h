@@ -1,0 +1,71 @@
+// The token generator on an NVIDIA GPU: a LlamaModel's weights uploaded once to the device, its KV cache
+// (fp16) on the device, and a forward pass of ONE token at a time whose logits come back to the host.
+// No CUDA type appears here; the kernels are in kernels/cuda. In a build without the CUDA backend
+// (PETREL_HAVE_CUDA unset) create() fails with "the CUDA backend is not built".
+//
+// Weights: GPTQ linears (4-bit layers, 8-bit LM head) go to the W4A16 GEMV (kernels/cuda/gemv_gptq.cu) in
+// their checkpoint layout; act-order (g_idx) checkpoints and group sizes that GEMV does not read are refused
+// with the tensor's name. Dense linears of float checkpoints (F32/F16/BF16, also a tied LM head and weights
+// LlamaModel dequantized at load) are kept in their stored dtype and go through kernels/cuda/gemv_dense.cu.
+// Norms and the embedding table stay in their stored dtype.
+//
+// The step, in the order of LlamaModel::forward: embedding; per layer RMSNorm (with the previous residual add
+// fused), q/k/v GEMVs (side by side on three streams), RoPE + fp16 KV store, split-K decode attention, o_proj,
+// residual add + RMSNorm, gate/up GEMVs (side by side), SiLU*up, down; final residual add + RMSNorm; LM head.
+// Every kernel reads the token and the position from device memory, so the step (without the LM head) is
+// captured once in a CUDA graph and replayed; the LM head runs only when logits are wanted.
+//
+// Numerics against the CPU (LlamaModel with an fp16 KV cache): same formulas; GPTQ GEMVs round activations
+// to fp16 inside the matrix unit; float32 sums in other orders. Tests: tests/cuda_model_test.cc.
+// Prompts are processed by looping this one-token step (no batched prefill on the GPU yet).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "petrel/io/hf_config.h"
+#include "petrel/model/llama.h"
+#include "petrel/util/status.h"
+
+namespace petrel {
+
+struct CudaModelOptions {
+  int device = 0;                 // as the CUDA runtime numbers GPUs
+  int64_t context_length = 4096;  // KV cache positions on the device; clamped to max_position_embeddings
+  bool use_graph = true;          // replay the step from a CUDA graph (false: launch kernel by kernel)
+  int64_t attention_split = 0;    // KV positions per attention block; 0: chosen from the context length
+};
+
+class CudaModel {
+ public:
+  // Uploads `model`'s weights to options.device. The LlamaModel may be destroyed afterwards.
+  static Result<std::unique_ptr<CudaModel>> create(const LlamaModel& model, const CudaModelOptions& options = {});
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const LlamaConfig& config() const;
+  int64_t position() const;        // tokens in the KV cache; the next token goes here
+  int64_t context_length() const;
+  int64_t device_bytes() const;    // weights, KV cache and scratch on the GPU
+  void reset();                    // forget the sequence (memory is kept)
+  void truncate(int64_t n);        // drop positions >= n
+
+  // Runs `token` at position(), appends it to the cache and, when `logits` is not null, returns its logits
+  // [vocab] on the host. Fails with kOutOfRange, changing nothing, when the cache is full.
+  Status decode(int32_t token, std::vector<float>* logits);
+
+  // LlamaModel::forward's contract for the GPU: `tokens` one after the other through decode() (kLast: the
+  // last token's logits; kAll: every token's, concatenated; kNone: none). Checks every id and the space
+  // left before it runs anything.
+  Status forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits);
+
+ private:
+  struct State;
+  explicit CudaModel(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace petrel
