@@ -94,6 +94,33 @@ TEST(KernelsCpu, GemmRowsEqualGemvPerRow) {
   }
 }
 
+// q/k/v and gate/up in one call give exactly what separate calls give (same kernel, same block split).
+TEST(KernelsCpu, SharedInputMatmulEqualsSeparateCalls) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const Shape shapes[] = {{256, 1024, -1, true, 4}, {64, 1024, -1, true, 4}, {72, 1024, -1, false, 4}};
+  std::vector<quant::GptqTensors> packed;
+  for (const Shape& s : shapes) packed.push_back(make_matrix(s, rng));
+  std::vector<ref::GptqMatrix> views;
+  for (const auto& p : packed) views.push_back(p.view());
+  for (int64_t n_rows : {1, 5}) {
+    std::vector<float> x(n_rows * 1024);
+    for (float& v : x) v = normal(rng);
+    std::vector<std::vector<float>> fused, separate;
+    for (const auto& v : views) fused.emplace_back(n_rows * v.rows), separate.emplace_back(n_rows * v.rows);
+    const ref::GptqMatrix* ws[] = {&views[0], &views[1], &views[2]};  // the third (72 rows) cannot split: fallback
+    float* ys[] = {fused[0].data(), fused[1].data(), fused[2].data()};
+    cpu::gptq_matmul_shared_input(x.data(), n_rows, ws, ys);
+    for (size_t m = 0; m < views.size(); ++m) cpu::gptq_matmul(x.data(), n_rows, views[m], separate[m].data());
+    for (size_t m = 0; m < views.size(); ++m) EXPECT_EQ(fused[m], separate[m]) << "matrix " << m << " rows " << n_rows;
+    const ref::GptqMatrix* two[] = {&views[0], &views[1]};  // both split: one dispatch
+    float* ys2[] = {fused[0].data(), fused[1].data()};
+    cpu::gptq_matmul_shared_input(x.data(), n_rows, two, ys2);
+    EXPECT_EQ(fused[0], separate[0]);
+    EXPECT_EQ(fused[1], separate[1]);
+  }
+}
+
 TEST(KernelsCpu, GptqMatmulRefusesWhatItDoesNotHandle) {
   ref::GptqMatrix m;
   m.bits = 2;

@@ -1,6 +1,7 @@
 #include "petrel/model/llama.h"
 
 #include <algorithm>
+#include <array>
 
 #include "petrel/io/bundle.h"
 #include "petrel/kernels/cpu/gptq_matmul.h"
@@ -100,6 +101,23 @@ Result<LinearWeight> linear_from(const TensorSource& ckpt, const LlamaConfig& co
 }
 
 void linear(const float* x, int64_t n_rows, const LinearWeight& w, float* y) { linear_forward(x, n_rows, w, y); }
+
+// Several linears of the same input (q/k/v, gate/up): one call of the SIMD kernels when they are all GPTQ, so
+// that the activations are packed once and the token generator's GEMVs share one thread-pool dispatch.
+template <size_t N>
+void linears(const float* x, int64_t n_rows, const std::array<const LinearWeight*, N>& ws, const std::array<float*, N>& ys) {
+  std::array<const ref::GptqMatrix*, N> matrices;
+  bool simd = true;
+  for (size_t i = 0; i < N; ++i) {
+    simd = simd && ws[i]->kind == LinearWeight::Kind::kGptq && cpu::gptq_matmul_supports(ws[i]->gptq);
+    matrices[i] = &ws[i]->gptq;
+  }
+  if (simd) {
+    cpu::gptq_matmul_shared_input(x, n_rows, matrices, ys);
+    return;
+  }
+  for (size_t i = 0; i < N; ++i) linear(x, n_rows, *ws[i], ys[i]);
+}
 
 }  // namespace
 
@@ -231,9 +249,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, Logi
     const std::string name = "layer" + std::to_string(l);
     // Self-attention block: x = x + o_proj(attention(rope(q), rope(k), v)).
     cpu::rms_norm(x.data(), n, h, w.input_norm, eps, normed.data());
-    linear(normed.data(), n, w.q_proj, q.data());
-    linear(normed.data(), n, w.k_proj, k.data());
-    linear(normed.data(), n, w.v_proj, v.data());
+    linears<3>(normed.data(), n, {&w.q_proj, &w.k_proj, &w.v_proj}, {q.data(), k.data(), v.data()});
     cpu::apply_rope(q.data(), n, c.num_attention_heads, c.head_dim, cos.data(), sin.data());
     cpu::apply_rope(k.data(), n, c.num_key_value_heads, c.head_dim, cos.data(), sin.data());
     const cpu::KvLayer kv = cache.layer(l);
@@ -244,8 +260,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, Logi
     cpu::add_in_place(x.data(), proj.data(), n * h);
     // Feed-forward block: x = x + down_proj(silu(gate_proj(x)) * up_proj(x)).
     cpu::rms_norm(x.data(), n, h, w.post_attn_norm, eps, normed.data());
-    linear(normed.data(), n, w.gate_proj, gate.data());
-    linear(normed.data(), n, w.up_proj, up.data());
+    linears<2>(normed.data(), n, {&w.gate_proj, &w.up_proj}, {gate.data(), up.data()});
     cpu::silu_mul(gate.data(), up.data(), n * c.intermediate_size, gate.data());
     linear(gate.data(), n, w.down_proj, proj.data());
     observe(name + ".mlp_out", proj.data(), h);

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "petrel/kernels/ref/ops.h"
 
@@ -39,6 +40,12 @@ bool gptq_matmul_supports(const ref::GptqMatrix& w);
 
 // y[n_rows, w.rows] = x[n_rows, w.cols] * dequant(w)^T. Parallel over output channels with the global pool.
 void gptq_matmul(const float* x, int64_t n_rows, const ref::GptqMatrix& w, float* y);
+
+// ys[m][n_rows, ws[m]->rows] = x * dequant(*ws[m])^T for matrices that read the same input (q/k/v, gate/up):
+// the activations are packed once and, for one row, all the GEMVs run in a single dispatch of the thread pool.
+// Each w must be supported (gptq_matmul_supports) and have the same in-features.
+void gptq_matmul_shared_input(const float* x, int64_t n_rows, std::span<const ref::GptqMatrix* const> ws,
+                              std::span<float* const> ys);
 
 // The Highway target the dispatcher picks on this CPU ("AVX3_DL", "AVX2", ...).
 const char* best_target_name();
