@@ -19,6 +19,7 @@ namespace {
 
 struct ChatFlags {
   std::string kv_type = "f16";
+  std::string backend = "auto";
   std::string model, system, reasoning = "default";
   int64_t context_length = 4096;
   int64_t max_new_tokens = 512;
@@ -30,8 +31,13 @@ struct ChatFlags {
 
 int run_chat(const ChatFlags& f) {
   const char* cmd = "chat";
+  auto backend = parse_backend(f.backend);
+  if (!backend.ok()) return report_error(cmd, backend.status());
   ThreadPool::set_global_threads(f.threads);
-  auto engine = Engine::load(f.model);
+  EngineOptions engine_options;
+  engine_options.backend = *backend;
+  engine_options.context_length = f.context_length;
+  auto engine = Engine::load(f.model, engine_options);
   if (!engine.ok()) return report_error(cmd, engine.status());
   if (!(*engine)->tokenizer() || !(*engine)->templates()) {
     return report_error(cmd, invalid_argument(f.model + ": chat needs tokenizer.json and a chat template"));
@@ -46,7 +52,9 @@ int run_chat(const ChatFlags& f) {
   if (f.seed >= 0) config.sampler.seed = static_cast<uint64_t>(f.seed);
   config.max_new_tokens = f.max_new_tokens;
 
-  Session session(*engine, f.context_length, kv_type_of(f.kv_type));
+  auto created = Session::create(*engine, f.context_length, kv_type_of(f.kv_type));
+  if (!created.ok()) return report_error(cmd, created.status());
+  Session& session = **created;
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
   const bool tty = ::isatty(0) && ::isatty(1);
@@ -106,6 +114,7 @@ void add_chat_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("model", f->model, "Bundle, BUNDLE/config.json, or checkpoint directory")->required();
   cmd->add_option("--system", f->system, "System message");
   add_kv_type_option(cmd, f->kv_type);
+  add_backend_option(cmd, f->backend);
   cmd->add_option("--reasoning", f->reasoning, "on, off or default (Nemotron: detailed thinking on/off)")->capture_default_str();
   cmd->add_option("--context-length", f->context_length, "KV cache positions")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", f->max_new_tokens, "Longest answer")->capture_default_str();

@@ -54,7 +54,7 @@ void add_export_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--out", f->out, "Bundle directory to create")->required();
   cmd->add_option("--context-length", f->options.context_length, "Context size of the bundle's dialog")->capture_default_str();
   cmd->add_option("--parts", f->options.parts, "Number of part files (layers split with balanced bytes)")->capture_default_str();
-  cmd->add_option("--backend", f->backend, "Target backend: cpu (cuda arrives with the CUDA backend)")->capture_default_str();
+  cmd->add_option("--backend", f->backend, "Target backend, recorded in config.json (dialog.engine.backend.type): cpu or cuda. Same layout for both")->capture_default_str();
   cmd->add_flag("--force", f->options.force, "Export without a passing validation, and replace an existing bundle");
   cmd->add_flag("-q,--quiet", f->quiet, "No progress bar");
   cmd->callback([f, &ctx] { ctx.exit_code = run_export(*f); });

@@ -9,6 +9,7 @@
 #include "petrel/model/llama.h"
 #include "petrel/runtime/generate.h"
 #include "petrel/runtime/prompt.h"
+#include "petrel/runtime/session.h"
 #include "petrel/text/tokenizer.h"
 #include "petrel/util/parallel.h"
 
@@ -18,6 +19,7 @@ namespace {
 
 struct GenerateFlags {
   std::string model_dir;
+  std::string backend = "auto";
   std::string tokens;
   std::string prompt;
   bool chat = false;
@@ -36,9 +38,15 @@ struct GenerateFlags {
 };
 
 int run_generate(const GenerateFlags& f) {
+  auto backend = parse_backend(f.backend);
+  if (!backend.ok()) return report_error("generate", backend.status());
   ThreadPool::set_global_threads(f.threads);
-  auto model = LlamaModel::load(f.model_dir);
-  if (!model.ok()) return report_error("generate", model.status());
+  EngineOptions engine_options;
+  engine_options.backend = *backend;
+  engine_options.context_length = f.context_length;
+  auto engine = Engine::load(f.model_dir, engine_options);
+  if (!engine.ok()) return report_error("generate", engine.status());
+  const LlamaModel* model = &(*engine)->model();
   if (f.tokens.empty() == f.prompt.empty()) {
     return report_error("generate", invalid_argument("give exactly one of --tokens and --prompt"));
   }
@@ -83,7 +91,7 @@ int run_generate(const GenerateFlags& f) {
   options.sampler = f.sampler;
   options.sampler.greedy = f.greedy;
   if (f.seed >= 0) options.sampler.seed = static_cast<uint64_t>(f.seed);
-  if (!f.ignore_eos) options.stop_token_ids = (*model)->config().eos_token_ids;
+  if (!f.ignore_eos) options.stop_token_ids = model->config().eos_token_ids;
 
   GenerateStats stats;
   bool first = true;
@@ -91,7 +99,7 @@ int run_generate(const GenerateFlags& f) {
   const bool print_text = !f.print_ids && tokenizer.has_value();
   if (print_text) decoder.emplace(*tokenizer, /*skip_special=*/true);
   Status decode_status;
-  auto output = generate(**model, *prompt, options, [&](int32_t token) {
+  auto on_token = [&](int32_t token) {
     if (print_text) {
       auto piece = decoder->push(token);
       if (!piece.ok()) {
@@ -105,7 +113,9 @@ int run_generate(const GenerateFlags& f) {
     std::fflush(stdout);
     first = false;
     return true;
-  }, &stats);
+  };
+  auto output = (*engine)->cuda_model() ? generate(*(*engine)->cuda_model(), *prompt, options, on_token, &stats)
+                                        : generate(*model, *prompt, options, on_token, &stats);
   if (print_text) {
     const std::string rest = decoder->flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -128,7 +138,7 @@ int run_generate(const GenerateFlags& f) {
 
 void add_generate_command(CLI::App& app, CliContext& ctx) {
   auto flags = std::make_shared<GenerateFlags>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a Hugging Face checkpoint (reference forward)");
+  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a checkpoint or bundle (CPU forward, or the GPU with --backend cuda)");
   cmd->add_option("--model", flags->model_dir, "Checkpoint directory (config.json + safetensors)")->required();
   cmd->add_option("--tokens", flags->tokens, "Prompt token ids, e.g. 1,2,3 or \"1 2 3\"");
   cmd->add_option("-p,--prompt", flags->prompt, "Prompt text (tokenized with BOS), or the user message with --chat");
@@ -152,6 +162,7 @@ void add_generate_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--frequency-penalty", flags->sampler.frequency_penalty, "0 = off")->capture_default_str();
   cmd->add_option("--penalize-last-n", flags->sampler.penalize_last_n, "History seen by the penalties; 0 = all")->capture_default_str();
   cmd->add_option("--context-length", flags->context_length, "KV cache positions (capped at max_position_embeddings)")->capture_default_str();
+  add_backend_option(cmd, flags->backend);
   cmd->add_option("--chunk-size", flags->chunk_size, "Prompt processor sequence length")->capture_default_str();
   cmd->add_option("-t,--threads", flags->threads, "Worker threads; 0 = all cores")->capture_default_str();
   cmd->callback([flags, &ctx] { ctx.exit_code = run_generate(*flags); });

@@ -26,6 +26,7 @@ namespace {
 
 struct RunFlags {
   std::string kv_type = "f16";
+  std::string backend = "auto";
   std::string config, model, prompt, prompt_file, tokens_file, profile, log = "warn";
   int64_t max_new_tokens = -1;
   int threads = 0;
@@ -48,6 +49,8 @@ int run_run(const RunFlags& f) {
   if (!f.profile.empty() && fs::exists(f.profile, ec)) {
     return report_error(cmd, invalid_argument("--profile " + f.profile + ": the file already exists (Genie refuses to overwrite a profile)"));
   }
+  auto backend = parse_backend(f.backend);
+  if (!backend.ok()) return report_error(cmd, backend.status());
   ThreadPool::set_global_threads(f.threads);
 
   // GenieDialog_create: load the model and the tokenizer.
@@ -78,15 +81,21 @@ int run_run(const RunFlags& f) {
   } else {
     options.max_new_tokens = context_length;  // until EOS or a full context; stop ids: the model's EOS
   }
-  auto engine = Engine::load(model_path);
+  EngineOptions engine_options;
+  engine_options.backend = *backend;
+  engine_options.context_length = context_length;
+  auto engine = Engine::load(model_path, engine_options);
   if (!engine.ok()) return report_error(cmd, engine.status());
   const Tokenizer* tokenizer = (*engine)->tokenizer();
   if (!tokenizer) return report_error(cmd, not_found(model_path + ": no tokenizer.json beside the model"));
   if (f.max_new_tokens >= 0) options.max_new_tokens = f.max_new_tokens;
-  Session session(*engine, context_length, kv_type_of(f.kv_type));
+  auto created = Session::create(*engine, context_length, kv_type_of(f.kv_type));
+  if (!created.ok()) return report_error(cmd, created.status());
+  Session& session = **created;
   create.stop_us = wall_clock_us();
   if (level >= LogLevel::kInfo) {
-    std::fprintf(stderr, "petrel run: loaded %s in %.1f ms\n", model_path.c_str(), (create.stop_us - create.start_us) / 1e3);
+    std::fprintf(stderr, "petrel run: loaded %s on %s in %.1f ms\n", model_path.c_str(), backend_name((*engine)->backend()),
+                 (create.stop_us - create.start_us) / 1e3);
   }
 
   // The prompt.
@@ -160,6 +169,7 @@ void add_run_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("-n,--max-new-tokens", f->max_new_tokens,
                   "Extension: stop after this many tokens (default: the config's max-num-tokens, else the context)");
   add_kv_type_option(cmd, f->kv_type);
+  add_backend_option(cmd, f->backend);
   cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores (the config's n-threads is advisory)")->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_run(*f); });
 }

@@ -24,6 +24,10 @@ int report_error(const std::string& command, const Status& status);
 void add_kv_type_option(CLI::App* cmd, std::string& value);
 cpu::KvType kv_type_of(const std::string& name);
 
+// --backend cpu|cuda|auto (default auto: the bundle's dialog.engine.backend.type, cpu for a checkpoint).
+// The value is checked by petrel::parse_backend when the command runs.
+void add_backend_option(CLI::App* cmd, std::string& value);
+
 void add_generate_command(CLI::App& app, CliContext& ctx);
 void add_logits_command(CLI::App& app, CliContext& ctx);
 void add_inspect_command(CLI::App& app, CliContext& ctx);

@@ -11,6 +11,13 @@ void add_kv_type_option(CLI::App* cmd, std::string& value) {
       ->capture_default_str();
 }
 
+void add_backend_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--backend", value,
+                  "cpu or cuda (GPU 0); auto: what the bundle's config says (dialog.engine.backend.type), cpu for a "
+                  "checkpoint")
+      ->capture_default_str();
+}
+
 cpu::KvType kv_type_of(const std::string& name) {
   return name == "f32" ? cpu::KvType::kF32 : name == "q8" ? cpu::KvType::kQ8 : cpu::KvType::kF16;
 }

@@ -102,9 +102,12 @@ Status export_bundle(const fs::path& checkpoint, const fs::path& out, const Expo
   const auto start = std::chrono::steady_clock::now();
   PETREL_ASSIGN_OR_RETURN(LlamaConfig c, load_llama_config(checkpoint));
   PETREL_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(checkpoint));
-  if (options.backend != BundleBackend::kCpu) {
-    return unsupported("--backend " + std::string(bundle_backend_name(options.backend)) +
-                       ": this build exports the reference (cpu) layout only; the CUDA layout arrives with the CUDA backend");
+  // Both backends read the same layout (the CUDA GEMV reads GPTQ tensors in place); the backend is recorded in
+  // dialog.engine.backend.type and picks the runtime's backend when none is asked for. The CUDA GEMV reads
+  // neither act-order (g_idx) checkpoints nor other bit widths than 4 (layers) and 8 (head).
+  if (options.backend == BundleBackend::kCuda && c.quantization && c.quantization->desc_act) {
+    return unsupported(checkpoint.string() + ": --backend cuda: the CUDA GEMV does not read act-order (desc_act) GPTQ "
+                       "checkpoints; export it with --backend cpu");
   }
   if (options.context_length <= 0 || options.context_length > c.max_position_embeddings) {
     return invalid_argument("--context-length " + std::to_string(options.context_length) + " must be in [1, " +
@@ -238,7 +241,8 @@ Status export_bundle(const fs::path& checkpoint, const fs::path& out, const Expo
   manifest["recipe"] = recipe;
   manifest["validation"] = validation.is_null() ? ojson("not run") : validation;
   manifest["backend"] = bundle_backend_name(options.backend);
-  manifest["layout"] = "plain: GPTQ v1 tensors (qweight/qzeros/scales/g_idx) and float tensors as stored in the checkpoint";
+  manifest["layout"] = "plain: GPTQ v1 tensors (qweight/qzeros/scales/g_idx) and float tensors as stored in the checkpoint "
+                       "(the same for petrel-cpu and petrel-cuda: both read it in place)";
   manifest["context_length"] = options.context_length;
   manifest["parts"] = parts_json;
   PETREL_RETURN_IF_ERROR(write_file_atomic(tmp / "manifest.json", manifest.dump(2) + "\n"));

@@ -4,6 +4,7 @@
 #include "petrel/model/cuda_model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -80,7 +81,54 @@ Status with_context(Status status, const std::string& what) {
   return Status(status.code(), what + ": " + status.message());
 }
 
+int64_t host_linear_bytes(const LinearWeight& w) {
+  if (w.kind == LinearWeight::Kind::kGptq) {
+    const ref::GptqMatrix& g = w.gptq;
+    return g.rows * g.cols * g.bits / 8 + g.n_groups() * g.rows * 2 + g.n_groups() * g.rows * g.bits / 8;
+  }
+  return w.dense.rows * w.dense.cols * static_cast<int64_t>(dtype_size(w.dense.dtype));
+}
+
+int64_t host_matrix_bytes(const ref::DenseMatrix& m) { return m.rows * m.cols * static_cast<int64_t>(dtype_size(m.dtype)); }
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
 }  // namespace
+
+GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length) {
+  const LlamaConfig& c = model.config();
+  const LlamaWeights& w = model.weights();
+  GpuMemoryNeed need;
+  need.context_length = std::min(context_length, c.max_position_embeddings);
+  need.weight_bytes = host_matrix_bytes(w.embed_tokens) + host_matrix_bytes(w.final_norm);
+  for (const LlamaLayerWeights& l : w.layers) {
+    need.weight_bytes += host_matrix_bytes(l.input_norm) + host_matrix_bytes(l.post_attn_norm);
+    for (const LinearWeight* lin : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      need.weight_bytes += host_linear_bytes(*lin);
+    }
+  }
+  const bool tied = w.lm_head.kind == LinearWeight::Kind::kDense && w.lm_head.dense.data == w.embed_tokens.data;
+  if (!tied) need.weight_bytes += host_linear_bytes(w.lm_head);
+  need.kv_cache_bytes = 2 * c.num_hidden_layers * need.context_length * c.kv_dim() * 2;
+  // Activations of one token, the attention workspace (bounded by heads x splits x head_dim), and 64 MiB of
+  // headroom for the GEMV workspaces, the graph and the allocator's rounding.
+  need.scratch_bytes = 4 * (4 * c.hidden_size + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size + 2 * c.vocab_size) +
+                       4 * c.num_attention_heads * (need.context_length / 16 + 1) * (c.head_dim + 2) + (int64_t{64} << 20);
+  return need;
+}
+
+Status check_gpu_memory(const GpuMemoryNeed& need, int64_t free_bytes, int64_t total_bytes, const std::string& device) {
+  if (need.total() <= free_bytes) return ok_status();
+  return unsupported("not enough GPU memory on " + device + ": the model needs " + gib(need.total()) + " (" +
+                     std::to_string(need.total()) + " bytes: weights " + gib(need.weight_bytes) + " + fp16 KV cache " +
+                     gib(need.kv_cache_bytes) + " for " + std::to_string(need.context_length) + " positions + scratch " +
+                     gib(need.scratch_bytes) + "), " + gib(free_bytes) + " (" + std::to_string(free_bytes) +
+                     " bytes) is free of " + gib(total_bytes) + "; use a shorter context or a smaller model");
+}
 
 struct CudaModel::State {
   LlamaConfig config;
@@ -241,6 +289,12 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
                        std::to_string(cuda::kMaxHeadDim) + ", the model has " + std::to_string(c.head_dim));
   }
   PETREL_RETURN_IF_ERROR(cuda::set_device(options.device));
+  {
+    PETREL_ASSIGN_OR_RETURN(cuda::MemoryInfo memory, cuda::memory_info());
+    const cuda::DeviceInfo& d = devices[options.device];
+    PETREL_RETURN_IF_ERROR(check_gpu_memory(gpu_memory_need(model, options.context_length), memory.free_bytes,
+                                            memory.total_bytes, "CUDA device " + std::to_string(d.index) + " (" + d.name + ")"));
+  }
 
   auto state = std::make_unique<State>();
   State& s = *state;

@@ -38,9 +38,25 @@ struct CudaModelOptions {
   int64_t attention_split = 0;    // KV positions per attention block; 0: chosen from the context length
 };
 
+// What create() allocates on the device, computed from the host model before anything is uploaded.
+struct GpuMemoryNeed {
+  int64_t weight_bytes = 0;    // as uploaded (GPTQ codes, scales and zeros; dense matrices in their dtype)
+  int64_t kv_cache_bytes = 0;  // fp16 keys and values for context_length positions
+  int64_t scratch_bytes = 0;   // activations, workspaces and a fixed headroom
+  int64_t context_length = 0;
+  int64_t total() const { return weight_bytes + kv_cache_bytes + scratch_bytes; }
+};
+GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length);
+// Fails with kUnsupported when `need` does not fit in `free_bytes`, naming both numbers, e.g.
+// "not enough GPU memory on CUDA device 0 (NVIDIA H200): the model needs 5.10 GiB (5476083712 bytes: weights
+// 4.60 GiB + fp16 KV cache 0.50 GiB for 4096 positions + scratch 0.01 GiB), 2.00 GiB (2147483648 bytes) is
+// free of 139.80 GiB". create() runs it with cudaMemGetInfo's numbers before it uploads anything.
+Status check_gpu_memory(const GpuMemoryNeed& need, int64_t free_bytes, int64_t total_bytes, const std::string& device);
+
 class CudaModel {
  public:
-  // Uploads `model`'s weights to options.device. The LlamaModel may be destroyed afterwards.
+  // Uploads `model`'s weights to options.device, after checking that they, the KV cache and the scratch
+  // buffers fit in the device's free memory (check_gpu_memory). The LlamaModel may be destroyed afterwards.
   static Result<std::unique_ptr<CudaModel>> create(const LlamaModel& model, const CudaModelOptions& options = {});
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;

@@ -1,6 +1,7 @@
 // Generation over a LlamaModel: new tokens through the prompt processor, then the token generator one token at a
 // time. `continue_generation` is the one decoding loop; `generate` (fresh context) and Session (a dialog that
-// keeps its KV cache) are built on it.
+// keeps its KV cache) are built on it. The loop runs its forward passes through `ForwardPass`, a model with
+// its KV cache: `CpuForward` (LlamaModel + KvCache) or `CudaForward` (CudaModel, whose cache is on the GPU).
 #pragma once
 
 #include <atomic>
@@ -14,6 +15,64 @@
 #include "petrel/util/status.h"
 
 namespace petrel {
+
+class CudaModel;
+
+// A model bound to one sequence's KV cache: what the decoding loop needs of a backend.
+class ForwardPass {
+ public:
+  virtual ~ForwardPass() = default;
+  virtual const LlamaConfig& config() const = 0;
+  virtual int64_t position() const = 0;        // tokens in the cache; the next one goes here
+  virtual int64_t context_length() const = 0;  // positions the cache holds
+  int64_t remaining() const { return context_length() - position(); }
+  // The prompt processor: `tokens` at position() ..., appended to the cache; kLast: the last token's logits.
+  // Fails with kOutOfRange, changing nothing, when they do not fit.
+  virtual Status prompt(std::span<const int32_t> tokens, int64_t chunk_size, LogitsMode mode, std::vector<float>* logits) = 0;
+  // The token generator: one token, its logits.
+  virtual Status step(int32_t token, std::vector<float>* logits) = 0;
+  virtual void truncate(int64_t n) = 0;  // forget positions >= n
+  virtual void reset() = 0;
+};
+
+// The CPU: LlamaModel::process_prompt / forward over a host KvCache.
+class CpuForward final : public ForwardPass {
+ public:
+  CpuForward(const LlamaModel& model, KvCache& cache) : model_(model), cache_(cache) {}
+  const LlamaConfig& config() const override { return model_.config(); }
+  int64_t position() const override { return cache_.n_past; }
+  int64_t context_length() const override { return cache_.context_length; }
+  Status prompt(std::span<const int32_t> tokens, int64_t chunk_size, LogitsMode mode, std::vector<float>* logits) override {
+    return model_.process_prompt(tokens, cache_, chunk_size, mode, logits);
+  }
+  Status step(int32_t token, std::vector<float>* logits) override {
+    return model_.forward(std::span<const int32_t>(&token, 1), cache_, LogitsMode::kLast, logits);
+  }
+  void truncate(int64_t n) override { cache_.truncate(n); }
+  void reset() override { cache_.reset(); }
+
+ private:
+  const LlamaModel& model_;
+  KvCache& cache_;
+};
+
+// The GPU: CudaModel's one-token step (prompts loop it), its fp16 KV cache on the device. `context_length`
+// (at most the CudaModel's) limits the positions this sequence may use.
+class CudaForward final : public ForwardPass {
+ public:
+  CudaForward(CudaModel& model, int64_t context_length);
+  const LlamaConfig& config() const override;
+  int64_t position() const override;
+  int64_t context_length() const override { return context_length_; }
+  Status prompt(std::span<const int32_t> tokens, int64_t chunk_size, LogitsMode mode, std::vector<float>* logits) override;
+  Status step(int32_t token, std::vector<float>* logits) override;
+  void truncate(int64_t n) override;
+  void reset() override;
+
+ private:
+  CudaModel& model_;
+  int64_t context_length_;
+};
 
 struct GenerateOptions {
   int64_t max_new_tokens = 32;
@@ -50,9 +109,18 @@ Result<Continuation> continue_generation(const LlamaModel& model, KvCache& cache
                                          const TokenCallback& on_token = {},
                                          const std::atomic<bool>* abort = nullptr);
 
+// The same loop over any backend; `forward` holds the cache whose tokens are `history`.
+Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32_t>& history,
+                                         std::span<const int32_t> new_tokens, const GenerateOptions& options,
+                                         const TokenCallback& on_token = {},
+                                         const std::atomic<bool>* abort = nullptr);
+
 // A fresh context of options.context_length positions.
 Result<std::vector<int32_t>> generate(const LlamaModel& model, std::span<const int32_t> prompt,
                                       const GenerateOptions& options, const TokenCallback& on_token = {},
                                       GenerateStats* stats = nullptr);
+// On the GPU: `model`'s cache is reset first and options.context_length is capped at its context length.
+Result<std::vector<int32_t>> generate(CudaModel& model, std::span<const int32_t> prompt, const GenerateOptions& options,
+                                      const TokenCallback& on_token = {}, GenerateStats* stats = nullptr);
 
 }  // namespace petrel

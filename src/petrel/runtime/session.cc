@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "petrel/io/bundle.h"
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/model/cuda_model.h"
 #include "petrel/runtime/stop_strings.h"
 #include "petrel/util/file.h"
 
@@ -11,9 +13,62 @@ namespace petrel {
 
 namespace fs = std::filesystem;
 
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto: return "auto";
+    case Backend::kCpu: return "cpu";
+    case Backend::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+Result<Backend> parse_backend(std::string_view name) {
+  if (name == "auto") return Backend::kAuto;
+  if (name == "cpu") return Backend::kCpu;
+  if (name == "cuda") return Backend::kCuda;
+  return invalid_argument("--backend must be cpu, cuda or auto, got '" + std::string(name) + "'");
+}
+
+Result<Backend> resolve_backend(const fs::path& model_path, Backend requested) {
+  if (requested != Backend::kAuto) return requested;
+  if (!is_bundle_path(model_path)) return Backend::kCpu;  // a checkpoint directory
+  PETREL_ASSIGN_OR_RETURN(BundleConfig config, load_bundle_config(model_path));
+  return config.backend == BundleBackend::kCuda ? Backend::kCuda : Backend::kCpu;
+}
+
 Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const ModelLoadOptions& options) {
+  EngineOptions engine_options;
+  engine_options.model = options;
+  return load(model_path, engine_options);
+}
+
+Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const EngineOptions& options) {
   auto engine = std::make_shared<Engine>();
-  PETREL_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(model_path, options));
+  PETREL_ASSIGN_OR_RETURN(engine->backend_, resolve_backend(model_path, options.backend));
+  // Why the GPU was chosen, for the errors: asked for, or the bundle's config.
+  const std::string why = options.backend == Backend::kCuda
+                              ? std::string("backend cuda was asked for")
+                              : model_path.string() + " was exported for petrel-cuda (dialog.engine.backend.type)";
+  const std::string hint = options.backend == Backend::kCuda
+                               ? std::string()
+                               : "; to run it on the CPU pass --backend cpu (the bundle layout is the same)";
+  if (engine->backend_ == Backend::kCuda && !cuda::built_with_cuda()) {
+    return unsupported(why + ", but the CUDA backend is not built (configure with nvcc available and -DPETREL_CUDA=ON)" + hint);
+  }
+  if (engine->backend_ == Backend::kCuda) {
+    // Before the weights are read: a missing GPU is reported at once.
+    PETREL_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
+    if (devices.empty()) return unsupported(why + ", but there is no CUDA device: " + cuda::no_device_reason() + hint);
+  }
+  PETREL_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(model_path, options.model));
+  if (engine->backend_ == Backend::kCuda) {
+    CudaModelOptions cuda_options;
+    cuda_options.device = options.device;
+    cuda_options.context_length = options.context_length;
+    auto gpu = CudaModel::create(*engine->model_, cuda_options);
+    if (!gpu.ok()) return Status(gpu.status().code(), model_path.string() + " on the cuda backend: " + gpu.status().message());
+    engine->cuda_ = std::move(gpu).value();
+  }
   std::error_code ec;
   const fs::path text_dir = fs::is_directory(model_path, ec) ? model_path : model_path.parent_path();
   auto tokenizer = Tokenizer::load(text_dir);
@@ -26,21 +81,52 @@ Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const M
 Session::Session(std::shared_ptr<const Engine> engine, int64_t context_length, KvType kv_type)
     : engine_(std::move(engine)) {
   const LlamaConfig& c = engine_->model().config();
-  cache_ = KvCache(std::min(context_length, c.max_position_embeddings), c.num_hidden_layers, c.num_key_value_heads,
-                   c.head_dim, kv_type);
+  const int64_t context = std::min(context_length, c.max_position_embeddings);
+  if (engine_->backend() != Backend::kCuda) {
+    cache_ = KvCache(context, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_type);
+    forward_ = std::make_unique<CpuForward>(engine_->model(), cache_);
+    return;
+  }
+  CudaModel& gpu = *engine_->cuda_model();
+  if (kv_type != KvType::kF16) {
+    init_status_ = unsupported(std::string("the cuda backend keeps an f16 KV cache; KV cache type ") +
+                               cpu::kv_type_name(kv_type) + " is not supported on it yet (use f16, or the cpu backend)");
+  } else if (context > gpu.context_length()) {
+    init_status_ = invalid_argument("a context of " + std::to_string(context) + " positions is more than the " +
+                                    std::to_string(gpu.context_length()) +
+                                    " the engine allocated on the GPU (EngineOptions::context_length)");
+  } else if (engine_->cuda_in_use_.exchange(true)) {
+    init_status_ = unsupported("another Session holds the engine's GPU KV cache (the cuda backend has one per engine "
+                               "yet); destroy it first");
+  } else {
+    holds_cuda_ = true;
+    gpu.reset();
+    forward_ = std::make_unique<CudaForward>(gpu, context);
+  }
+}
+
+Session::~Session() {
+  if (holds_cuda_) engine_->cuda_in_use_.store(false);
+}
+
+Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Engine> engine, int64_t context_length, KvType kv_type) {
+  auto session = std::make_unique<Session>(std::move(engine), context_length, kv_type);
+  PETREL_RETURN_IF_ERROR(session->status());
+  return session;
 }
 
 void Session::reset() {
-  cache_.reset();
+  if (forward_) forward_->reset();
   history_.clear();
 }
 
 Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const GenerationConfig& config,
                                           const StreamCallback& on_token) {
   abort_.store(false);
-  if (static_cast<int64_t>(tokens.size()) > cache_.remaining()) {
-    return out_of_range("Context Size was exceeded: " + std::to_string(cache_.n_past) + " positions used + " +
-                        std::to_string(tokens.size()) + " new > context length " + std::to_string(cache_.context_length));
+  PETREL_RETURN_IF_ERROR(init_status_);
+  if (static_cast<int64_t>(tokens.size()) > forward_->remaining()) {
+    return out_of_range("Context Size was exceeded: " + std::to_string(forward_->position()) + " positions used + " +
+                        std::to_string(tokens.size()) + " new > context length " + std::to_string(forward_->context_length()));
   }
   GenerateOptions options;
   options.max_new_tokens = config.max_new_tokens;
@@ -70,7 +156,7 @@ Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const
     return !stop_string_seen;
   };
   PETREL_ASSIGN_OR_RETURN(Continuation generated,
-                          continue_generation(engine_->model(), cache_, history_, tokens, options, on_generated, &abort_));
+                          continue_generation(*forward_, history_, tokens, options, on_generated, &abort_));
   PETREL_RETURN_IF_ERROR(decode_status);
   result.tokens = std::move(generated.tokens);
   result.reason = stop_string_seen ? StopReason::kStopString : generated.reason;
@@ -91,6 +177,7 @@ Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const
 Result<QueryResult> Session::query(const nlohmann::ordered_json& messages, const GenerationConfig& config,
                                    const ChatPromptOptions& prompt_options, const StreamCallback& on_token,
                                    const nlohmann::ordered_json* tools) {
+  PETREL_RETURN_IF_ERROR(init_status_);
   if (!engine_->tokenizer() || !engine_->templates()) {
     return invalid_argument("query: the model has no tokenizer.json or chat template; use query_tokens");
   }
@@ -100,11 +187,11 @@ Result<QueryResult> Session::query(const nlohmann::ordered_json& messages, const
   size_t common = 0;
   while (common < history_.size() && common < prompt.tokens.size() && history_[common] == prompt.tokens[common]) ++common;
   if (common == prompt.tokens.size()) --common;
-  if (static_cast<int64_t>(prompt.tokens.size() - common) > cache_.context_length - static_cast<int64_t>(common)) {
+  if (static_cast<int64_t>(prompt.tokens.size() - common) > forward_->context_length() - static_cast<int64_t>(common)) {
     return out_of_range("Context Size was exceeded: the conversation has " + std::to_string(prompt.tokens.size()) +
-                        " tokens and the context holds " + std::to_string(cache_.context_length));
+                        " tokens and the context holds " + std::to_string(forward_->context_length()));
   }
-  cache_.truncate(static_cast<int64_t>(common));
+  forward_->truncate(static_cast<int64_t>(common));
   history_.resize(common);
   PETREL_ASSIGN_OR_RETURN(QueryResult result,
                           query_tokens(std::span<const int32_t>(prompt.tokens).subspan(common), config, on_token));
@@ -136,6 +223,9 @@ LayerSpans layer_spans(KvCache& cache, int64_t l, bool values, int64_t n) {
 }  // namespace
 
 Status Session::save(const fs::path& path) const {
+  if (engine_->backend() == Backend::kCuda) {
+    return unsupported(path.string() + ": saving the KV cache is not supported on the cuda backend yet (the cache is on the GPU)");
+  }
   PETREL_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(path));
   const int64_t header[kKvHeaderFields] = {cache_.n_layers, cache_.kv_dim, cache_.context_length, cache_.n_past,
                                            static_cast<int64_t>(history_.size()), static_cast<int64_t>(cache_.type)};
@@ -155,6 +245,9 @@ Status Session::save(const fs::path& path) const {
 }
 
 Status Session::restore(const fs::path& path) {
+  if (engine_->backend() == Backend::kCuda) {
+    return unsupported(path.string() + ": restoring a KV cache is not supported on the cuda backend yet (the cache is on the GPU)");
+  }
   PETREL_ASSIGN_OR_RETURN(std::string bytes, read_text_file(path));
   const std::string where = path.string();
   const size_t header_size = sizeof kKvMagic + sizeof kKvVersion + kKvHeaderFields * sizeof(int64_t);

@@ -5,6 +5,12 @@
 //   Session session(*engine, 4096);
 //   auto result = session.query(messages, GenerationConfig{}, ChatPromptOptions{}, on_token);
 //
+// Backends: Engine::load(path, EngineOptions) runs the model on the CPU (LlamaModel, host KV cache) or on a GPU
+// (CudaModel: weights uploaded at load, fp16 KV cache on the device); kAuto takes the bundle's
+// dialog.engine.backend.type, and cpu for a checkpoint. Both read the same bundle layout, so a bundle runs on
+// either. Sessions run through the same decoding loop (continue_generation over a ForwardPass). On cuda one
+// Session at a time holds the engine's GPU KV cache; KV save/restore and non-f16 KV caches are refused there.
+//
 // Multi-turn: query() renders the whole conversation and processes only the tokens after the longest prefix
 // already in the KV cache, so earlier turns are not processed again. abort() may be called from another thread.
 #pragma once
@@ -22,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "petrel/model/cuda_model.h"
 #include "petrel/model/llama.h"
 #include "petrel/runtime/generate.h"
 #include "petrel/runtime/prompt.h"
@@ -61,9 +68,27 @@ struct QueryResult {
 // Streaming callback: each token and the text it completes (possibly empty); return false to stop.
 using StreamCallback = std::function<bool(int32_t token, std::string_view text)>;
 
+enum class Backend { kAuto, kCpu, kCuda };
+const char* backend_name(Backend backend);  // "auto", "cpu", "cuda"
+// "auto", "cpu" or "cuda"; anything else is kInvalidArgument naming the value.
+Result<Backend> parse_backend(std::string_view name);
+// The backend a model runs on: `requested` unless kAuto; for kAuto the bundle's dialog.engine.backend.type,
+// cpu for a checkpoint directory. Fails when the bundle's config cannot be read.
+Result<Backend> resolve_backend(const std::filesystem::path& model_path, Backend requested);
+
+struct EngineOptions {
+  Backend backend = Backend::kAuto;
+  int device = 0;                  // cuda: the GPU, as the CUDA runtime numbers them
+  int64_t context_length = 4096;   // cuda: KV cache positions allocated on the GPU (a Session may use fewer)
+  ModelLoadOptions model;
+};
+
 class Engine {
  public:
   static Result<std::shared_ptr<Engine>> load(const std::filesystem::path& model_path, const ModelLoadOptions& options = {});
+  static Result<std::shared_ptr<Engine>> load(const std::filesystem::path& model_path, const EngineOptions& options);
+  Backend backend() const { return backend_; }  // kCpu or kCuda
+  CudaModel* cuda_model() const { return cuda_.get(); }  // set when backend() is kCuda
   const LlamaModel& model() const { return *model_; }
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
   const text::ChatTemplateSet* templates() const { return templates_ ? &*templates_ : nullptr; }
@@ -72,12 +97,23 @@ class Engine {
   std::unique_ptr<LlamaModel> model_;
   std::optional<Tokenizer> tokenizer_;
   std::optional<text::ChatTemplateSet> templates_;
+  Backend backend_ = Backend::kCpu;
+  std::unique_ptr<CudaModel> cuda_;
+  mutable std::atomic<bool> cuda_in_use_{false};  // a Session holds the GPU KV cache
+  friend class Session;
 };
 
 class Session {
  public:
   // kv_type: the KV cache's element type (f16 by default; q8 quarters float32's memory, f32 is the reference).
+  // On a cuda engine the session cannot always be made (another Session holds the GPU cache, a KV type other
+  // than f16, a context longer than the engine allocated): status() says why, and every query returns it.
   Session(std::shared_ptr<const Engine> engine, int64_t context_length, KvType kv_type = KvType::kF16);
+  ~Session();
+  // The constructor, failing with status()'s error instead.
+  static Result<std::unique_ptr<Session>> create(std::shared_ptr<const Engine> engine, int64_t context_length,
+                                                 KvType kv_type = KvType::kF16);
+  const Status& status() const { return init_status_; }
 
   // Appends `tokens` to the dialog and generates. Fails with kOutOfRange ("Context Size was exceeded") when
   // they do not fit, leaving the session as it was.
@@ -90,16 +126,20 @@ class Session {
 
   void abort() { abort_.store(true); }  // thread-safe; the running query stops after its current token
   void reset();
-  Status save(const std::filesystem::path& path) const;  // the dialog's tokens and KV cache
+  // The dialog's tokens and KV cache (CPU backend only: on cuda both fail with kUnsupported).
+  Status save(const std::filesystem::path& path) const;
   Status restore(const std::filesystem::path& path);
 
-  int64_t position() const { return cache_.n_past; }
-  int64_t context_length() const { return cache_.context_length; }
+  int64_t position() const { return forward_ ? forward_->position() : 0; }
+  int64_t context_length() const { return forward_ ? forward_->context_length() : 0; }
   const std::vector<int32_t>& history() const { return history_; }
 
  private:
   std::shared_ptr<const Engine> engine_;
-  KvCache cache_;
+  KvCache cache_;  // the CPU backend's
+  std::unique_ptr<ForwardPass> forward_;  // over cache_, or over the engine's CudaModel; null when !init_status_.ok()
+  Status init_status_;
+  bool holds_cuda_ = false;
   std::vector<int32_t> history_;  // tokens whose keys/values are in the cache, in order
   std::atomic<bool> abort_{false};
 };

@@ -26,6 +26,7 @@ std::string no_device_reason() { return "CUDA backend not built"; }
 Status set_device(int) { return not_built(); }
 Result<int> current_device() { return not_built(); }
 Status synchronize() { return not_built(); }
+Result<MemoryInfo> memory_info() { return not_built(); }
 
 Result<DeviceBuffer> DeviceBuffer::allocate(size_t) { return not_built(); }
 DeviceBuffer::~DeviceBuffer() = default;

@@ -91,6 +91,12 @@ Result<int> current_device() {
 
 Status synchronize() { return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
+Result<MemoryInfo> memory_info() {
+  size_t free_bytes = 0, total_bytes = 0;
+  PETREL_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return MemoryInfo{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
 Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
   DeviceBuffer buffer;
   if (bytes == 0) return buffer;

@@ -51,6 +51,13 @@ Result<int> current_device();
 // Waits for all work on the current device and reports any error an earlier asynchronous launch left.
 Status synchronize();
 
+// Free and total memory of the current device, as cudaMemGetInfo reports them.
+struct MemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+Result<MemoryInfo> memory_info();
+
 // Device memory owned by value: freed on destruction, movable, not copyable.
 class DeviceBuffer {
  public:

@@ -1,0 +1,255 @@
+// Choosing the backend (runtime/session.h: Engine::load with EngineOptions, `--backend` of run/chat/generate),
+// `petrel export --backend cuda`, and the errors for a missing GPU, a bundle exported for the GPU on a machine
+// without one, and too little GPU memory. The CPU tests run everywhere (CI: nvcc, no GPU); the GPU tests skip
+// without a CUDA device and check that the cuda backend gives the CPU's greedy tokens through the same CLI and
+// runtime paths (run, generate, Session with prefix reuse and reset) and the same profile JSON.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "petrel/io/bundle_config.h"
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/model/cuda_model.h"
+#include "petrel/runtime/session.h"
+#include "test_util.h"
+
+namespace petrel {
+namespace {
+
+using testing::cli;
+using testing::data_dir;
+using testing::run_command;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+bool have_gpu() {
+  auto devices = cuda::list_devices();
+  return devices.ok() && !devices->empty();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// tiny-llama31 quantized with RTN (4-bit per-channel, 8-bit head), exported for each backend; greedy sampling.
+class Backend : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("backend");
+    const std::string tiny = (data_dir() / "models/tiny-llama31").string();
+    auto r = run_command(cli() + " quantize -q --method rtn --checkpoint " + tiny + " --out " + (*dir_ / "q").string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char* backend : {"cpu", "cuda"}) {
+      const fs::path out = *dir_ / (std::string(backend) + "_bundle");
+      r = run_command(cli() + " export -q --force --backend " + backend + " --checkpoint " + (*dir_ / "q").string() +
+                      " --out " + out.string() + " --context-length 512");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      auto config = nlohmann::ordered_json::parse(*read_text_file(out / "config.json"));
+      config["dialog"]["sampler"]["greedy"] = true;
+      ASSERT_TRUE(write_file_atomic(out / "config.json", config.dump(2)).ok());
+    }
+    std::ofstream(*dir_ / "prompt_tokens.txt") << "4080 424 1413 276 289 311 3585 303";
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static fs::path path(const std::string& name) { return *dir_ / name; }
+  static std::string run_tokens(const std::string& bundle, const std::string& extra) {
+    return cli() + " run -c " + path(bundle).string() + " --tokens_file " + path("prompt_tokens.txt").string() + " -n 24 " + extra;
+  }
+  static TempDir* dir_;
+};
+TempDir* Backend::dir_ = nullptr;
+
+TEST_F(Backend, ExportRecordsTheBackendInGeniesFieldAndKeepsTheLayout) {
+  auto cpu = load_bundle_config(path("cpu_bundle"));
+  auto cuda = load_bundle_config(path("cuda_bundle"));
+  ASSERT_TRUE(cpu.ok() && cuda.ok());
+  EXPECT_EQ(cpu->backend, BundleBackend::kCpu);
+  EXPECT_EQ(cuda->backend, BundleBackend::kCuda);
+  auto json = nlohmann::json::parse(*read_text_file(path("cuda_bundle/config.json")));
+  EXPECT_EQ(json["dialog"]["engine"]["backend"]["type"], "petrel-cuda");
+  auto manifest = nlohmann::json::parse(*read_text_file(path("cuda_bundle/manifest.json")));
+  EXPECT_EQ(manifest["backend"], "petrel-cuda");
+  // Same parts, byte for byte: one layout for both backends.
+  for (int k = 1; k <= 5; ++k) {
+    const std::string part = "part_" + std::to_string(k) + "_of_5.bin";
+    EXPECT_EQ(*read_text_file(path("cpu_bundle/" + part)), *read_text_file(path("cuda_bundle/" + part))) << part;
+  }
+}
+
+TEST_F(Backend, AutoTakesTheBundlesBackendAndCpuForACheckpoint) {
+  EXPECT_EQ(*resolve_backend(path("cpu_bundle"), petrel::Backend::kAuto), petrel::Backend::kCpu);
+  EXPECT_EQ(*resolve_backend(path("cuda_bundle/config.json"), petrel::Backend::kAuto), petrel::Backend::kCuda);
+  EXPECT_EQ(*resolve_backend(path("q"), petrel::Backend::kAuto), petrel::Backend::kCpu);
+  EXPECT_EQ(*resolve_backend(path("cuda_bundle"), petrel::Backend::kCpu), petrel::Backend::kCpu);
+  EXPECT_EQ(*resolve_backend(path("cpu_bundle"), petrel::Backend::kCuda), petrel::Backend::kCuda);
+  EXPECT_FALSE(parse_backend("gpu").ok());
+}
+
+TEST_F(Backend, ACudaBundleRunsOnTheCpuWhenAskedWithTheSameOutput) {
+  auto cpu = run_command(run_tokens("cpu_bundle", ""), /*with_stderr=*/false);
+  auto cuda_on_cpu = run_command(run_tokens("cuda_bundle", "--backend cpu"), /*with_stderr=*/false);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(cuda_on_cpu.exit_code, 0) << cuda_on_cpu.output;
+  EXPECT_EQ(cpu.output, cuda_on_cpu.output);
+}
+
+TEST_F(Backend, ACudaBundleWithoutAGpuIsAClearError) {
+  if (have_gpu()) GTEST_SKIP() << "a GPU is present";
+  auto r = run_command(run_tokens("cuda_bundle", ""));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, path("cuda_bundle").string() + " was exported for petrel-cuda")) << r.output;
+  EXPECT_TRUE(contains(r.output, "no CUDA device") || contains(r.output, "not built")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--backend cpu")) << r.output;
+}
+
+TEST_F(Backend, BackendCudaWithoutAGpuIsAClearErrorInRunChatAndGenerate) {
+  if (have_gpu()) GTEST_SKIP() << "a GPU is present";
+  const std::string why = cuda::built_with_cuda() ? "no CUDA device" : "the CUDA backend is not built";
+  for (const std::string& command :
+       {run_tokens("cpu_bundle", "--backend cuda"), cli() + " generate --backend cuda --model " + path("q").string() + " --tokens 1,2,3",
+        "echo hi | " + cli() + " chat --backend cuda " + path("cpu_bundle").string()}) {
+    auto r = run_command(command);
+    EXPECT_EQ(r.exit_code, 3) << command << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "error: unsupported: backend cuda was asked for, but " +
+                                       std::string(cuda::built_with_cuda() ? "there is no CUDA device" : "the CUDA backend is not built")))
+        << r.output;
+    EXPECT_TRUE(contains(r.output, why)) << r.output;
+    EXPECT_FALSE(contains(r.output, "[BEGIN]")) << r.output;
+  }
+  auto r = run_command(run_tokens("cpu_bundle", "--backend gpu"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.output, "--backend must be cpu, cuda or auto, got 'gpu'")) << r.output;
+}
+
+TEST(GpuMemory, TooLittleFreeMemoryNamesBothNumbers) {
+  GpuMemoryNeed need;
+  need.weight_bytes = int64_t{4} << 30;
+  need.kv_cache_bytes = int64_t{512} << 20;
+  need.scratch_bytes = int64_t{64} << 20;
+  need.context_length = 4096;
+  EXPECT_TRUE(check_gpu_memory(need, int64_t{8} << 30, int64_t{80} << 30, "CUDA device 0 (test)").ok());
+  Status s = check_gpu_memory(need, int64_t{2} << 30, int64_t{80} << 30, "CUDA device 0 (test)");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported);
+  EXPECT_TRUE(contains(s.message(), "not enough GPU memory on CUDA device 0 (test)")) << s.message();
+  EXPECT_TRUE(contains(s.message(), std::to_string(need.total()) + " bytes")) << s.message();
+  EXPECT_TRUE(contains(s.message(), "2147483648 bytes) is free of 80.00 GiB")) << s.message();
+  EXPECT_TRUE(contains(s.message(), "4096 positions")) << s.message();
+}
+
+// ---- On a GPU --------------------------------------------------------------------------------------------
+
+std::vector<int32_t> ids_of(const std::string& line) {
+  std::vector<int32_t> ids;
+  std::istringstream in(line);
+  int32_t id;
+  while (in >> id) ids.push_back(id);
+  return ids;
+}
+
+TEST_F(Backend, GpuRunAndGenerateGiveTheCpusGreedyTokens) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  // Token ids: generate --print-ids on the bundle, each backend.
+  const std::string tokens = "\"$(cat " + path("prompt_tokens.txt").string() + ")\"";
+  auto cpu = run_command(cli() + " generate --greedy --print-ids --backend cpu --model " + path("cuda_bundle").string() +
+                             " --tokens " + tokens + " -n 32", false);
+  auto gpu = run_command(cli() + " generate --greedy --print-ids --backend cuda --model " + path("cpu_bundle").string() +
+                             " --tokens " + tokens + " -n 32", false);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  EXPECT_EQ(ids_of(cpu.output), ids_of(gpu.output)) << "cpu: " << cpu.output << "gpu: " << gpu.output;
+  EXPECT_EQ(ids_of(gpu.output).size(), 32u);
+  // The Genie contract: the cuda bundle picks the GPU by itself; same text as the CPU.
+  auto run_cpu = run_command(run_tokens("cpu_bundle", ""), false);
+  auto run_gpu = run_command(run_tokens("cuda_bundle", "--log info"));
+  ASSERT_EQ(run_gpu.exit_code, 0) << run_gpu.output;
+  EXPECT_TRUE(contains(run_gpu.output, "on cuda")) << run_gpu.output;
+  auto run_gpu_text = run_command(run_tokens("cuda_bundle", ""), false);
+  EXPECT_EQ(run_cpu.output, run_gpu_text.output);
+}
+
+TEST_F(Backend, GpuProfileJsonIsComplete) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const fs::path profile = path("gpu_profile.json");
+  fs::remove(profile);
+  auto r = run_command(cli() + " run --backend cuda -c " + path("cpu_bundle").string() +
+                       " -p '<|begin_of_text|>The history of' -n 16 --profile " + profile.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(*read_text_file(profile));
+  EXPECT_EQ(j["header"]["artifact_type"], "GENIE_PROFILE");
+  const auto& events = j["components"][0]["events"];
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["type"], "GenieDialog_create");
+  EXPECT_GT(events[0]["init-time"]["value"].get<double>(), 0);
+  const auto& q = events[1];
+  EXPECT_EQ(q["type"], "GenieDialog_query");
+  for (const char* field : {"num-prompt-tokens", "prompt-processing-rate", "time-to-first-token", "num-generated-tokens",
+                            "token-generation-rate", "token-generation-time"}) {
+    ASSERT_TRUE(q.contains(field)) << field;
+    EXPECT_TRUE(q[field]["value"].is_number()) << field;
+    EXPECT_GT(q[field]["value"].get<double>(), 0) << field;
+  }
+  EXPECT_EQ(q["num-prompt-tokens"]["value"], 4);
+  EXPECT_EQ(q["num-generated-tokens"]["value"], 16);
+}
+
+TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  EngineOptions cpu_options, gpu_options;
+  cpu_options.backend = petrel::Backend::kCpu;
+  gpu_options.backend = petrel::Backend::kCuda;
+  gpu_options.context_length = 512;
+  auto cpu_engine = Engine::load(path("cpu_bundle"), cpu_options);
+  auto gpu_engine = Engine::load(path("cpu_bundle"), gpu_options);
+  ASSERT_TRUE(cpu_engine.ok()) << cpu_engine.status().to_string();
+  ASSERT_TRUE(gpu_engine.ok()) << gpu_engine.status().to_string();
+  ASSERT_EQ((*gpu_engine)->backend(), petrel::Backend::kCuda);
+  // What the cuda backend cannot do yet is refused, not done otherwise.
+  EXPECT_EQ(Session::create(*gpu_engine, 512, KvType::kQ8).status().code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(Session::create(*gpu_engine, 513, KvType::kF16).status().code(), ErrorCode::kInvalidArgument);
+  auto gpu = Session::create(*gpu_engine, 512);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  EXPECT_EQ(Session::create(*gpu_engine, 512).status().code(), ErrorCode::kUnsupported);  // one session holds the GPU cache
+  EXPECT_EQ((*gpu)->save(path("kv.bin")).code(), ErrorCode::kUnsupported);
+  EXPECT_EQ((*gpu)->restore(path("kv.bin")).code(), ErrorCode::kUnsupported);
+  Session cpu(*cpu_engine, 512);
+
+  GenerationConfig config;
+  config.sampler.greedy = true;
+  config.max_new_tokens = 12;
+  config.stop_token_ids = std::vector<int32_t>{};
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if ((*cpu_engine)->templates()) {
+    messages.push_back({{"role", "user"}, {"content", "Tell me about rivers."}});
+    for (int turn = 0; turn < 2; ++turn) {
+      auto a = cpu.query(messages, config);
+      auto b = (*gpu)->query(messages, config);
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
+      EXPECT_EQ(a->tokens, b->tokens) << "turn " << turn;
+      EXPECT_EQ(a->stats.reused_tokens, b->stats.reused_tokens);
+      if (turn == 1) EXPECT_GT(b->stats.reused_tokens, 0);
+      EXPECT_EQ(cpu.position(), (*gpu)->position());
+      messages.push_back({{"role", "assistant"}, {"content", a->text}});
+      messages.push_back({{"role", "user"}, {"content", "And lakes?"}});
+    }
+  }
+  const std::vector<int32_t> prompt = {4080, 424, 1413, 276, 289, 311, 3585, 303};
+  cpu.reset();
+  (*gpu)->reset();
+  EXPECT_EQ((*gpu)->position(), 0);
+  for (int turn = 0; turn < 2; ++turn) {  // a continued dialog of raw tokens
+    auto a = cpu.query_tokens(prompt, config);
+    auto b = (*gpu)->query_tokens(prompt, config);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
+    EXPECT_EQ(a->tokens, b->tokens) << "turn " << turn;
+    EXPECT_EQ(cpu.position(), (*gpu)->position());
+  }
+  // The memory estimate covers what was allocated.
+  const GpuMemoryNeed need = gpu_memory_need((*gpu_engine)->model(), 512);
+  EXPECT_GE(need.total(), (*gpu_engine)->cuda_model()->device_bytes());
+  gpu->reset();  // the session gives the GPU cache back
+  EXPECT_TRUE(Session::create(*gpu_engine, 512).ok());
+}
+
+}  // namespace
+}  // namespace petrel
