@@ -12,22 +12,17 @@
 #include "petrel/model/kv_cache.h"
 #include "petrel/quant/format.h"
 #include "petrel/quant/gptq.h"
+#include "test_util.h"
 
 namespace petrel {
 namespace {
 
+using testing::random_floats;
+using testing::relative_l2;
+
 // Relative L2 error allowed against the reference: float32 sums in another order (float path), plus the
 // int16 activation codes of the VNNI path (step = block max / 32639, ~1e-5 of the output's scale).
 constexpr double kTolerance = 1e-4;
-
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff += (got[i] - want[i]) * double(got[i] - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 struct Shape { int64_t rows, cols, group; bool sym; int bits; };
 
@@ -135,13 +130,6 @@ TEST(KernelsCpu, GptqMatmulRefusesWhatItDoesNotHandle) {
   EXPECT_FALSE(cpu::gptq_matmul_supports(m));
 }
 
-std::vector<float> random_vector(int64_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
 // Attention over a cache of each type against ref::attention fed the values the cache holds (its rounding
 // applied), for prefill chunks and single tokens, grouped and plain heads, head sizes 128, 40 and 20 (tails).
 TEST(KernelsCpu, AttentionMatchesReferenceForEveryKvType) {
@@ -155,7 +143,7 @@ TEST(KernelsCpu, AttentionMatchesReferenceForEveryKvType) {
         const int64_t positions = c.first_pos + c.n_rows, kv_dim = c.n_kv_heads * c.head_dim;
         KvCache cache(positions, 1, c.n_kv_heads, c.head_dim, type);
         const cpu::KvLayer kv = cache.layer(0);
-        const auto keys = random_vector(positions * kv_dim, rng, 2.0f), values = random_vector(positions * kv_dim, rng);
+        const auto keys = random_floats(rng, positions * kv_dim, 2.0f), values = random_floats(rng, positions * kv_dim);
         cpu::kv_store(kv, 0, positions, keys.data(), values.data());
         // What the cache holds, as float, for the reference.
         std::vector<float> k_held(keys.size()), v_held(values.size());
@@ -171,7 +159,7 @@ TEST(KernelsCpu, AttentionMatchesReferenceForEveryKvType) {
           const double bound = type == KvType::kF32 ? 0.0 : type == KvType::kF16 ? std::fabs(keys[i]) * 0x1p-10 + 0x1p-24 : 20.0 / 254;
           ASSERT_LE(err, bound) << hwy::TargetName(target) << " " << cpu::kv_type_name(type) << " element " << i << " = " << keys[i];
         }
-        const auto q = random_vector(c.n_rows * c.n_heads * c.head_dim, rng);
+        const auto q = random_floats(rng, c.n_rows * c.n_heads * c.head_dim);
         std::vector<float> want(q.size()), got(q.size(), -1.0f);
         ref::attention(q.data(), k_held.data(), v_held.data(), c.n_rows, c.first_pos, c.n_heads, c.n_kv_heads,
                        c.head_dim, want.data());
@@ -191,7 +179,7 @@ TEST(KernelsCpu, ElementwiseOpsMatchReference) {
     hwy::SetSupportedTargetsForTest(target);
     for (int64_t dim : {8, 40, 131, 4096}) {
       const int64_t rows = 3;
-      const auto x = random_vector(rows * dim, rng, 3.0f), y = random_vector(rows * dim, rng);
+      const auto x = random_floats(rng, rows * dim, 3.0f), y = random_floats(rng, rows * dim);
       std::vector<uint16_t> w_bf16(dim);
       for (int64_t i = 0; i < dim; ++i) w_bf16[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(1.0f + 0.01f * i) >> 16);
       const ref::DenseMatrix weight{DType::kBF16, 1, dim, w_bf16.data()};
@@ -212,8 +200,8 @@ TEST(KernelsCpu, ElementwiseOpsMatchReference) {
 
       if (dim % 2 == 0) {  // RoPE: dim = head_dim, two heads per row
         const int64_t heads = 2, half = dim / 2;
-        auto qr = random_vector(rows * heads * dim, rng);
-        const auto angles = random_vector(rows * half, rng, 3.0f);
+        auto qr = random_floats(rng, rows * heads * dim);
+        const auto angles = random_floats(rng, rows * half, 3.0f);
         std::vector<float> cos(rows * half), sin(rows * half);
         for (size_t i = 0; i < angles.size(); ++i) cos[i] = std::cos(angles[i]), sin[i] = std::sin(angles[i]);
         std::vector<float> a = qr, b = qr;

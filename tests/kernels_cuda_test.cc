@@ -22,9 +22,13 @@
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/quant/format.h"
 #include "petrel/quant/gptq.h"
+#include "test_util.h"
 
 namespace petrel {
 namespace {
+
+using testing::random_floats;
+using testing::relative_l2;
 
 // Relative L2 error allowed against ref::matmul on the same input the kernel multiplies (x itself for the
 // CUDA-core kernel, x rounded to fp16 for the tensor-core one): float32 sums in another order; the tensor
@@ -37,16 +41,6 @@ constexpr double kToleranceFp16Input = 1e-3;
 bool have_gpu() {
   auto devices = cuda::list_devices();
   return devices.ok() && !devices->empty();
-}
-
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;  // an unwritten (NaN-poisoned) or broken output
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 // GPTQ v1 tensors rewritten as gptq_v2 (stored zero = real zero, zero_offset 0).
@@ -250,13 +244,6 @@ StoredFloats store_as(const std::vector<float>& values, DType dtype) {
     }
   }
   return s;
-}
-
-std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
 }
 
 // A device copy of host data; ASSERTs through the returned optional's emptiness are left to the caller.

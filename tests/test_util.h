@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <random>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -67,6 +69,26 @@ inline std::vector<int32_t> read_ids(const std::filesystem::path& path) {
     pos = end;
   }
   return ids;
+}
+
+// Relative L2 distance of `got` from `want`; infinity when `got` holds a NaN or infinity (an unwritten or
+// broken output), so that a tolerance check fails.
+inline double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// n normally distributed floats with standard deviation `scale`.
+inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
 }
 
 }  // namespace petrel::testing

@@ -409,6 +409,7 @@ struct Scratch {
   std::vector<int32_t> words;
   std::vector<float> scale, qsum;
   std::vector<int16_t> q;
+  std::vector<int8_t> hi, lo;  // one row's codes split into bytes, before packing
 };
 
 inline uint32_t pack4(int a, int b, int c, int d) {
@@ -430,7 +431,10 @@ detail::PackedActs pack_activations(const float* x, int64_t n_rows, const ref::G
   s.scale.resize(n_rows * a.n_blocks);
   s.qsum.resize(n_rows * a.n_blocks);
   s.words.assign(tiles * words_per_row * tile_rows * slots, 0);
-  std::vector<int8_t> hi(w.cols), lo(w.cols);
+  s.hi.resize(w.cols);
+  s.lo.resize(w.cols);
+  int8_t* hi = s.hi.data();
+  int8_t* lo = s.lo.data();
   for (int64_t row = 0; row < n_rows; ++row) {
     const float* xr = x + row * w.cols;
     int16_t* q = s.q.data() + row * w.cols;
