@@ -8,6 +8,7 @@ tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
 if [ ! -d /work/main/tests/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
 mkdir -p /work/main/build && ln -sf /tmp/pkg/bin/petrel /work/main/build/petrel
 export LD_LIBRARY_PATH=/tmp/pkg/lib
+. scripts/cuda_libs.sh
 B=/tmp/pkg/bin
 nvidia-smi -L
 $B/petrel_tests 2>&1 > $OUT/tests.log; echo "tests rc $?"

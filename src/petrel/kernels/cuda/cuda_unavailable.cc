@@ -2,11 +2,14 @@
 // so that the runtime, the CLI and the tests compile and link the same way in both builds.
 #if !PETREL_HAVE_CUDA
 
+#include "petrel/kernels/cuda/blas.h"
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/kernels/cuda/attention.h"
 #include "petrel/kernels/cuda/elementwise.h"
+#include "petrel/kernels/cuda/gemm.h"
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/gptq.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
@@ -28,6 +31,17 @@ Result<int> current_device() { return not_built(); }
 Status synchronize() { return not_built(); }
 Result<MemoryInfo> memory_info() { return not_built(); }
 
+Result<BlasHandle> BlasHandle::create() { return not_built(); }
+BlasHandle::~BlasHandle() = default;
+BlasHandle::BlasHandle(BlasHandle&&) noexcept {}
+BlasHandle& BlasHandle::operator=(BlasHandle&&) noexcept { return *this; }
+Status BlasHandle::set_stream(Stream) { return not_built(); }
+Result<SolverHandle> SolverHandle::create() { return not_built(); }
+SolverHandle::~SolverHandle() = default;
+SolverHandle::SolverHandle(SolverHandle&&) noexcept {}
+SolverHandle& SolverHandle::operator=(SolverHandle&&) noexcept { return *this; }
+Status SolverHandle::set_stream(Stream) { return not_built(); }
+
 Result<DeviceBuffer> DeviceBuffer::allocate(size_t) { return not_built(); }
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept {}
@@ -36,7 +50,12 @@ Status DeviceBuffer::upload(const void*, size_t, size_t) { return not_built(); }
 Status DeviceBuffer::download(void*, size_t, size_t) const { return not_built(); }
 Status DeviceBuffer::fill_bytes(uint8_t) { return not_built(); }
 
-Status gemv_gptq(const DeviceGptqMatrix&, const float*, float*, GemvWorkspace&, Stream, const GemvOptions&) {
+Status gemv_gptq(const DeviceGptqMatrix&, const float*, float*, GemvWorkspace&, Stream, const GemvOptions&,
+                 const GemvFusion&) {
+  return not_built();
+}
+Status gemv_gptq_grouped(std::span<const GemvGroupMember>, const float*, GemvWorkspace&, Stream, const GemvOptions&,
+                         const GemvFusion&) {
   return not_built();
 }
 
@@ -75,12 +94,51 @@ Status rope_store_kv(float*, const float*, const float*, const RopeShape&, const
                      uint16_t*, Stream) {
   return not_built();
 }
+Status rope_store_kv_rows(float*, const float*, const float*, int64_t, int64_t, const RopeShape&, const float*,
+                          uint16_t*, uint16_t*, Stream) {
+  return not_built();
+}
+int64_t prefill_attention_workspace_bytes(const PrefillAttentionShape&, int64_t, int64_t) { return 0; }
+Status prefill_attention(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, const PrefillAttentionShape&,
+                         BlasHandle&, void*, int64_t, float*, Stream) {
+  return not_built();
+}
 int64_t decode_attention_split(int64_t) { return 128; }
 int64_t decode_attention_workspace_floats(const DecodeAttentionShape&) { return 0; }
 Status decode_attention(const float*, const uint16_t*, const uint16_t*, const int32_t*, const DecodeAttentionShape&,
                         float*, float*, Stream) {
   return not_built();
 }
+Status decode_attention_rope(const float*, const float*, const float*, const float*, const int32_t*, uint16_t*,
+                             uint16_t*, const DecodeAttentionShape&, float*, uint32_t*, float*, Stream, bool) {
+  return not_built();
+}
+
+// gptq.h
+Status gptq_hessian_add(const float*, int64_t, int64_t, float*, BlasHandle&, Stream) { return not_built(); }
+Status gptq_hessian_to_f64(const float*, int64_t, double*, Stream) { return not_built(); }
+Result<GptqInverseReport> gptq_inverse_factor(double*, int64_t, double, float*, uint8_t*, SolverHandle&, Stream,
+                                              const std::string&) {
+  return not_built();
+}
+Status gptq_quantize(float*, int64_t, int64_t, const float*, const uint8_t*, const GptqGrid&, int64_t, const GptqOutput&,
+                     float*, BlasHandle&, Stream, const std::string&) {
+  return not_built();
+}
+Status widen_to_f32(const void*, DType, int64_t, float*, Stream) { return not_built(); }
+Status linear_f32(const float*, int64_t, const float*, int64_t, int64_t, float*, BlasHandle&, Stream) { return not_built(); }
+Status rope_sequences(float*, int64_t, int64_t, int64_t, int64_t, const float*, const float*, Stream) { return not_built(); }
+Status sequence_attention(const float*, const float*, const float*, int64_t, int64_t, const SequenceAttentionShape&,
+                          float*, float*, BlasHandle&, Stream) {
+  return not_built();
+}
+
+Status GemmWorkspace::bind_blas(Stream) { return not_built(); }
+Status gemm_gptq(const DeviceGptqMatrix&, const float*, int64_t, float*, GemmWorkspace&, Stream, const GemmOptions&) {
+  return not_built();
+}
+Status gemm_dense(const DeviceDenseMatrix&, const float*, int64_t, float*, GemmWorkspace&, Stream) { return not_built(); }
+Status convert_floats(const float*, int64_t, DType, void*, Stream) { return not_built(); }
 
 }  // namespace petrel::cuda
 
