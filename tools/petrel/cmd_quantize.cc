@@ -33,6 +33,7 @@ struct QuantizeFlags {
   bool quiet = false;
   int threads = 0;
   int64_t max_layers = -1;
+  std::string device = "auto";
 };
 
 // Debian 12's OpenBLAS (0.3.21) does not know recent Intel cores and falls back to its SSE3 "Prescott"
@@ -53,6 +54,10 @@ int run_quantize(const QuantizeFlags& f) {
   if (f.method == "gptq") o.method = quant::QuantMethod::kGptq;
   else if (f.method == "rtn") o.method = quant::QuantMethod::kRtn;
   else return report_error("quantize", invalid_argument("--method must be gptq or rtn, got '" + f.method + "'"));
+  if (f.device == "auto") o.device = quant::QuantDevice::kAuto;
+  else if (f.device == "cpu") o.device = quant::QuantDevice::kCpu;
+  else if (f.device == "cuda") o.device = quant::QuantDevice::kCuda;
+  else return report_error("quantize", invalid_argument("--device must be cpu, cuda or auto, got '" + f.device + "'"));
   o.scheme.bits = f.bits;
   o.scheme.group_size = f.group_size;
   o.scheme.symmetric = !f.asym;
@@ -74,15 +79,16 @@ int run_quantize(const QuantizeFlags& f) {
   o.overwrite = f.force;
   o.show_progress = !f.quiet;
   o.max_layers = f.max_layers;
-  if (o.method == quant::QuantMethod::kGptq) warn_about_slow_blas();
+  if (o.method == quant::QuantMethod::kGptq && o.device == quant::QuantDevice::kCpu) warn_about_slow_blas();
   std::fprintf(stderr, "quantize: %s, %s, LM head %s\n", quant::method_name(o.method), o.scheme.to_string().c_str(),
                o.quantize_lm_head ? o.lm_head_scheme.to_string().c_str() : "unquantized");
   quant::QuantizeReport report;
   Status s = quant::quantize_checkpoint(f.checkpoint, f.out, o, &report);
   if (!s.ok()) return report_error("quantize", s);
-  std::fprintf(stderr, "quantize: %lld layers in %s (%.2f s/layer), %lld calibration tokens, %.1f MB written\n",
+  std::fprintf(stderr, "quantize: %lld layers in %s (%.2f s/layer, %s), %lld calibration tokens, %.1f MB written\n",
                static_cast<long long>(report.layers_done), format_duration(report.seconds).c_str(),
-               report.seconds_per_layer, static_cast<long long>(report.calibration_tokens), report.output_bytes / 1e6);
+               report.seconds_per_layer, o.method == quant::QuantMethod::kGptq ? quant::device_name(report.device) : "cpu",
+               static_cast<long long>(report.calibration_tokens), report.output_bytes / 1e6);
   return 0;
 }
 
@@ -113,6 +119,9 @@ void add_quantize_command(CLI::App& app, CliContext& ctx) {
   cmd->add_flag("-q,--quiet", f->quiet, "No progress bar");
   cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores")->capture_default_str();
   cmd->add_option("--max-layers", f->max_layers, "Timing runs: quantize only the first N layers, write nothing");
+  cmd->add_option("--device", f->device,
+                  "Where GPTQ runs: cpu, cuda, or auto (cuda when a GPU is present); RTN always runs on the CPU")
+      ->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_quantize(*f); });
 }
 

@@ -3,8 +3,10 @@
 #include <cblas.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,7 @@
 #include "petrel/io/safetensors_writer.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/model/rope.h"
+#include "petrel/quant/gptq_cuda.h"
 #include "petrel/util/file.h"
 #include "petrel/util/progress.h"
 
@@ -22,6 +25,15 @@ namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
 const char* method_name(QuantMethod method) { return method == QuantMethod::kRtn ? "rtn" : "gptq"; }
+
+const char* device_name(QuantDevice device) {
+  switch (device) {
+    case QuantDevice::kAuto: return "auto";
+    case QuantDevice::kCpu: return "cpu";
+    case QuantDevice::kCuda: return "cuda";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -124,6 +136,11 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
   }
   if (options.quantize_lm_head) PETREL_RETURN_IF_ERROR(validate_scheme(options.lm_head_scheme, h, "lm_head"));
   const bool gptq = options.method == QuantMethod::kGptq;
+  if (options.device == QuantDevice::kCuda && !cuda_gptq_available()) {
+    return unsupported("quantize on CUDA: " + cuda_gptq_unavailable_reason() + " (use --device cpu)");
+  }
+  const bool use_cuda = gptq && (options.device == QuantDevice::kCuda ||
+                                 (options.device == QuantDevice::kAuto && cuda_gptq_available()));
 
   // The output tensor list, in the order it is produced.
   std::vector<TensorSpec> specs;
@@ -151,8 +168,9 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     specs.push_back({"lm_head.weight", head.dtype, head.shape});
   }
 
-  // Calibration (GPTQ): token windows, embedded.
+  // Calibration (GPTQ): token windows, embedded (in host memory, or in device memory on CUDA).
   Calibration calib;
+  std::unique_ptr<CudaCalibration> gpu;
   std::vector<float> rope_cos, rope_sin;
   if (gptq) {
     PETREL_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(source));
@@ -160,18 +178,22 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     calib.n_samples = static_cast<int64_t>(samples.size());
     calib.seq_len = options.calibration.seq_len;
     calib.hidden = h;
-    calib.x.resize(calib.n_samples * calib.seq_len * h);
-    ref::DenseMatrix table{embed.dtype, c.vocab_size, h, embed.data};
-    for (int64_t s = 0; s < calib.n_samples; ++s) {
-      for (int32_t id : samples[s]) {
+    for (const auto& sample : samples) {
+      for (int32_t id : sample) {
         if (id < 0 || id >= c.vocab_size) return invalid_data("calibration token " + std::to_string(id) + " is outside the model's vocabulary");
       }
-      ref::embedding_lookup(table, samples[s], calib.sample(s));
     }
     const auto inv_freq = rope_inverse_frequencies(c.rope, c.head_dim);
     rope_cos.resize(calib.seq_len * c.head_dim / 2);
     rope_sin.resize(rope_cos.size());
     rope_cos_sin(inv_freq, 0, calib.seq_len, rope_cos.data(), rope_sin.data());
+    if (use_cuda) {
+      PETREL_ASSIGN_OR_RETURN(gpu, CudaCalibration::create(c, samples, embed, rope_cos, rope_sin));
+    } else {
+      calib.x.resize(calib.n_samples * calib.seq_len * h);
+      ref::DenseMatrix table{embed.dtype, c.vocab_size, h, embed.data};
+      for (int64_t s = 0; s < calib.n_samples; ++s) ref::embedding_lookup(table, samples[s], calib.sample(s));
+    }
   }
 
   PETREL_ASSIGN_OR_RETURN(auto staging, StagingDirectory::create(out));
@@ -199,6 +221,23 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
         ckpt.release(w);
         PETREL_RETURN_IF_ERROR(write_gptq(*writer, p + kLinearNames[i], t));
       }
+      continue;
+    }
+    if (gpu) {  // GPTQ on CUDA: the same flow as below, with the activations in device memory.
+      std::array<TensorView, 7> weights;
+      for (int i = 0; i < 7; ++i) {
+        PETREL_ASSIGN_OR_RETURN(weights[i], ckpt.tensor(p + kLinearNames[i] + ".weight"));
+      }
+      PETREL_ASSIGN_OR_RETURN(TensorView in_norm, ckpt.tensor(p + "input_layernorm.weight"));
+      PETREL_ASSIGN_OR_RETURN(TensorView post_norm, ckpt.tensor(p + "post_attention_layernorm.weight"));
+      PETREL_RETURN_IF_ERROR(gpu->quantize_layer(
+          weights, in_norm, post_norm, options.scheme, options.gptq, p, kLinearNames,
+          [&](int i) { progress.update(7.0 * l + i, note(i)); },
+          [&](int i, const QuantizedMatrix& q) -> Status {
+            PETREL_ASSIGN_OR_RETURN(GptqTensors t, pack_gptq(q));
+            return write_gptq(*writer, p + kLinearNames[i], t);
+          }));
+      for (const TensorView& w : weights) ckpt.release(w);
       continue;
     }
 
@@ -300,6 +339,7 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     }
   }
   if (report) {
+    report->device = use_cuda ? QuantDevice::kCuda : QuantDevice::kCpu;
     report->layers_done = n_layers;
     report->calibration_tokens = calib.n_samples * calib.seq_len;
   }
@@ -316,7 +356,12 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
   progress.update(7.0 * n_layers, "lm_head");
   if (options.quantize_lm_head) {
     GptqTensors t;
-    if (gptq) {
+    if (gpu) {
+      auto result = gpu->quantize_head(final_norm, head, options.lm_head_scheme, options.gptq);
+      if (!result.ok()) return result.status().with_context("lm_head");
+      gpu.reset();
+      PETREL_ASSIGN_OR_RETURN(t, pack_gptq(*result));
+    } else if (gptq) {
       HessianAccumulator acc(h);
       std::vector<float> norm = to_f32(final_norm);
       normed.resize(T * h);
@@ -368,6 +413,7 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
                              {"seq_len", options.calibration.seq_len}, {"seed", options.calibration.seed}};
     recipe["damp_percent"] = options.gptq.damp_percent;
     recipe["block_size"] = options.gptq.block_size;
+    recipe["device"] = use_cuda ? "cuda" : "cpu";
   }
   recipe["source"] = fs::absolute(source).lexically_normal().string();
   recipe["petrel_version"] = PETREL_VERSION;

@@ -26,6 +26,12 @@ namespace petrel::quant {
 enum class QuantMethod { kRtn, kGptq };
 const char* method_name(QuantMethod method);
 
+// Where GPTQ runs (RTN always runs on the CPU). kAuto: CUDA when this build has it and a device is present.
+// On CUDA the calibration activations and the layer being quantized live in device memory (quant/gptq_cuda.h);
+// host memory holds the memory-mapped source and one linear's codes at a time.
+enum class QuantDevice { kAuto, kCpu, kCuda };
+const char* device_name(QuantDevice device);
+
 struct QuantizeOptions {
   QuantMethod method = QuantMethod::kGptq;
   QuantScheme scheme;  // decoder linears; default: 4-bit symmetric per output channel (Qualcomm's W4A16)
@@ -37,6 +43,7 @@ struct QuantizeOptions {
   bool overwrite = false;
   bool show_progress = true;
   int64_t max_layers = -1;  // quantize only the first N layers and stop without writing (timing runs); -1: all
+  QuantDevice device = QuantDevice::kAuto;  // kCuda without a usable device is an error
 };
 
 struct QuantizeReport {
@@ -45,6 +52,7 @@ struct QuantizeReport {
   int64_t layers_done = 0;
   double seconds_per_layer = 0;
   uint64_t output_bytes = 0;
+  QuantDevice device = QuantDevice::kCpu;  // where GPTQ ran (kAuto resolved)
 };
 
 Status quantize_checkpoint(const std::filesystem::path& source, const std::filesystem::path& out,
