@@ -1,19 +1,37 @@
 // petrel_bench_decode_cuda: the GPU token generator (model/cuda_model.h), tokens per second of tg128 as
-// llama-bench counts it (128 decode steps after an empty prompt, logits of every step copied to the host).
+// llama-bench counts it (128 decode steps after an empty prompt, logits of every step copied to the host),
+// for several variants of the decode step in one run, and (--kernels) each decode kernel alone.
 //
-//   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128] [--model DIR] [--reps N]
+//   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
+//                            [--reps N] [-n N] [--kernels] [--variants unfused,fused-serial,...]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
 // speed does not depend on the values, and no 16 GB float checkpoint has to be written and quantized first.
-// Each case runs with the step replayed from a CUDA graph and launched kernel by kernel. "weight GB/s" is
-// the bytes of weights read per token (all linears and the LM head, one embedding row) over the time per token.
+// "weight GB/s" is the bytes of weights read per token (all linears and the LM head, one embedding row) over
+// the time per token; the floor is those bytes at the device-to-device copy bandwidth measured first.
+//
+// Variants (CudaModelOptions), all with the step replayed from a CUDA graph unless named "-nograph":
+//   unfused           the unfused step: 11 launches per layer, k/v and up on side streams
+//   fused-serial      the fused step (5 launches per layer), launched without overlap and without L2 prefetch
+//   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
+//   fused             fused-overlap plus the default L2 prefetch of each GEMV block's first weights (the default)
+//   fused-prefetch64  the same with 64 steps of prefetch
+//   unfused-nograph, fused-nograph: launched kernel by kernel
+// --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
+// captured in one graph (weights rotating over copies of >= 256 MB so that they come from device memory;
+// the KV cache and activations are small and stay in L2, as in the step), without overlap, and for the fused
+// step's kernels also with each call overlapping the one before it.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,9 +39,18 @@
 
 #include "petrel/io/hf_config.h"
 #include "petrel/io/tensor_source.h"
+#include "petrel/kernels/cuda/attention.h"
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/elementwise.h"
+#include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/rope.h"
+#include "petrel/kernels/cuda/stream.h"
 #include "petrel/model/cuda_model.h"
 #include "petrel/model/llama.h"
 #include "petrel/model/random_checkpoint.h"
+#include "petrel/model/rope.h"
+#include "petrel/quant/format.h"
 
 namespace {
 
@@ -129,11 +156,462 @@ class RandomGptqSource : public TensorSource {
 struct Options {
   std::string preset = "llama-3.1-8b";
   int64_t layers = -1;
-  int64_t group = -1;
+  std::vector<int64_t> groups = {-1};
   std::string model;
   int reps = 3;
   int n_gen = 128;
+  bool kernels = false;
+  std::vector<std::string> variants = {"unfused", "fused-serial", "fused-overlap", "fused", "fused-prefetch64"};
 };
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+bool variant_options(const std::string& name, CudaModelOptions& o) {
+  o.use_graph = name.find("-nograph") == std::string::npos;
+  const std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
+  if (base == "unfused") {
+    o.fused_step = false;
+  } else if (base == "fused-serial") {
+    o.overlap_kernels = false;
+    o.gemv_l2_prefetch_steps = 0;
+  } else if (base == "fused-overlap") {
+    o.gemv_l2_prefetch_steps = 0;
+  } else if (base == "fused-prefetch64") {
+    o.gemv_l2_prefetch_steps = 64;
+  } else if (base != "fused") {
+    return false;
+  }
+  return true;
+}
+
+#define CHECK_CUDA(call)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+template <typename T>
+T take(Result<T> r, const char* what) {
+  check(r.status(), what);
+  return std::move(r).value();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Device-to-device copy bandwidth, bytes read plus bytes written per second (GB/s), median of `reps`.
+double copy_bandwidth_gbs(cudaStream_t stream, int reps) {
+  const size_t bytes = size_t{1} << 30;
+  auto src = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
+  auto dst = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
+  check(src.fill_bytes(1), "memset");
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return median(samples);
+}
+
+// Median time per call (us) of `calls` launches captured in one CUDA graph, over `reps` replays.
+double graph_us_per_call(cudaStream_t stream, int calls, int reps, const std::function<Status(int)>& launch) {
+  check(cuda::CudaGraph::begin_capture(stream), "begin capture");
+  Status enqueued = ok_status();
+  for (int c = 0; c < calls && enqueued.ok(); ++c) enqueued = launch(c);
+  auto graph = cuda::CudaGraph::end_capture(stream);
+  check(enqueued, "kernel launch in capture");
+  check(graph.status(), "end capture");
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  check(graph->launch(stream), "graph warm-up");
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    check(graph->launch(stream), "graph launch");
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1000.0 / calls);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaGetLastError());
+  return median(samples);
+}
+
+// Copies of one random GPTQ matrix in device memory, enough (>= 256 MB, at most 64) that calls rotating over
+// them read device memory, not the L2 cache.
+struct MatrixCopies {
+  cuda::DeviceGptqWeights first;
+  std::vector<cuda::DeviceBuffer> owned;
+  std::vector<cuda::DeviceGptqMatrix> views;
+  const cuda::DeviceGptqMatrix& at(int call) const { return views[call % views.size()]; }
+  double bytes() const { return static_cast<double>(views[0].weight_bytes()); }
+};
+
+MatrixCopies make_copies(int64_t rows, int64_t cols, int bits, int64_t group, uint64_t& state) {
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  quant::GptqTensors t;
+  t.bits = bits;
+  t.rows = rows;
+  t.cols = cols;
+  t.group_size = group < 0 ? cols : group;
+  const int64_t groups = cols / t.group_size;
+  t.qweight.resize(cols * bits / 32 * rows);
+  for (int32_t& w : t.qweight) w = static_cast<int32_t>(next());
+  t.scales.assign(groups * rows, 0);
+  for (uint16_t& h : t.scales) h = static_cast<uint16_t>(0x2000 | (next() & 0x3FF));
+  t.qzeros.assign(groups * rows * bits / 32, bits == 4 ? 0x77777777 : 0x7F7F7F7F);
+  MatrixCopies m;
+  m.first = take(cuda::DeviceGptqWeights::upload(t.view()), "upload");
+  const cuda::DeviceGptqMatrix& v0 = m.first.view();
+  m.views.push_back(v0);
+  const int n = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / v0.weight_bytes() + 1, 1, 64));
+  const size_t qweight_bytes = cols * bits / 32 * rows * 4, scales_bytes = groups * rows * 2,
+               qzeros_bytes = groups * rows * bits / 32 * 4;
+  auto copy_of = [&](const void* src, size_t bytes) {
+    m.owned.push_back(take(cuda::DeviceBuffer::allocate(bytes), "alloc copy"));
+    CHECK_CUDA(cudaMemcpy(m.owned.back().data(), src, bytes, cudaMemcpyDeviceToDevice));
+    return m.owned.back().data();
+  };
+  for (int c = 1; c < n; ++c) {
+    cuda::DeviceGptqMatrix v = v0;
+    v.qweight = static_cast<const int32_t*>(copy_of(v0.qweight, qweight_bytes));
+    v.scales = static_cast<const uint16_t*>(copy_of(v0.scales, scales_bytes));
+    v.qzeros = static_cast<const int32_t*>(copy_of(v0.qzeros, qzeros_bytes));
+    m.views.push_back(v);
+  }
+  return m;
+}
+
+struct KernelTiming {
+  std::string step;  // "unfused", "fused" or "both"
+  std::string name;
+  double bytes = 0;         // bytes the kernel must move at least: weights, KV rows, activations in and out
+  int per_layer = 1;        // launches of it per layer (0: once per token)
+  double serial_us = 0;     // per call, in a graph, no overlap
+  double overlapped_us = -1;  // per call, each call overlapping the one before it (fused kernels)
+};
+
+// Each decode kernel alone on the config's shapes, 4-bit decoder linears of `group`, 8-bit LM head.
+std::vector<KernelTiming> time_kernels(const LlamaConfig& c, int64_t group, double copy_gbs, cudaStream_t stream) {
+  constexpr int kCalls = 64, kReps = 15;
+  constexpr int32_t kPosition = 64;  // the middle of tg128
+  uint64_t seed = 7;
+  const int64_t h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), inner = c.intermediate_size;
+  MatrixCopies q = make_copies(qd, h, 4, group, seed), k = make_copies(kvd, h, 4, group, seed),
+               v = make_copies(kvd, h, 4, group, seed), o = make_copies(h, qd, 4, group, seed),
+               gate = make_copies(inner, h, 4, group, seed), up = make_copies(inner, h, 4, group, seed),
+               down = make_copies(h, inner, 4, group, seed);
+  auto floats = [](int64_t n, uint8_t fill) {
+    auto b = take(cuda::DeviceBuffer::allocate(static_cast<size_t>(n) * 4), "alloc");
+    check(b.fill_bytes(fill), "fill");
+    return b;
+  };
+  // 0x3C: every float 0.0115 (not zeros, which can run faster than real data).
+  cuda::DeviceBuffer x = floats(h, 0x3C), residual = floats(h, 0x3C), normed = floats(h, 0x3C), q_out = floats(qd, 0x3C),
+                     k_out = floats(kvd, 0x3C), v_out = floats(kvd, 0x3C), attn = floats(qd, 0x3C),
+                     gate_out = floats(inner, 0x3C), up_out = floats(inner, 0x3C);
+  std::vector<uint16_t> ones(h, 0x3F80);  // bf16 1.0
+  cuda::DeviceBuffer norm_storage = take(cuda::DeviceBuffer::allocate(h * 2), "alloc");
+  check(norm_storage.upload(ones.data(), h * 2), "upload");
+  const cuda::DeviceVector norm{DType::kBF16, h, norm_storage.data()};
+  const std::vector<float> inv_freq_host = rope_inverse_frequencies(c.rope, c.head_dim);
+  cuda::DeviceBuffer inv_freq = take(cuda::DeviceBuffer::allocate(inv_freq_host.size() * 4), "alloc");
+  check(inv_freq.upload(inv_freq_host.data(), inv_freq_host.size() * 4), "upload");
+  cuda::DeviceBuffer position = take(cuda::DeviceBuffer::allocate(4), "alloc");
+  check(position.upload(&kPosition, 4), "upload");
+  const int64_t context = std::min<int64_t>(4096, c.max_position_embeddings);
+  const int kv_copies = 8;
+  std::vector<cuda::DeviceBuffer> caches;
+  for (int i = 0; i < 2 * kv_copies; ++i) {
+    caches.push_back(take(cuda::DeviceBuffer::allocate(static_cast<size_t>(context * kvd) * 2), "alloc kv"));
+    check(caches.back().fill_bytes(0x3C), "fill kv");
+  }
+  cuda::DecodeAttentionShape shape{c.num_attention_heads, c.num_key_value_heads, c.head_dim, context, 0};
+  cuda::DeviceBuffer attention_workspace = floats(cuda::decode_attention_workspace_floats(shape), 0);
+  cuda::DeviceBuffer attention_counters = floats(c.num_key_value_heads, 0);
+  auto ws = take(cuda::GemvWorkspace::create(), "workspace");
+  MatrixCopies lm_head = make_copies(c.vocab_size, h, 8, -1, seed);
+  cuda::DeviceBuffer logits = floats(c.vocab_size, 0);
+  const cuda::RopeShape rope{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const double kv_bytes = 2.0 * (kPosition + 1) * kvd * 2;  // key and value rows read
+
+  std::vector<KernelTiming> rows;
+  auto measure = [&](KernelTiming t, const std::function<Status(int, bool)>& launch, bool overlappable) {
+    t.serial_us = graph_us_per_call(stream, kCalls, kReps, [&](int call) { return launch(call, false); });
+    if (overlappable) {
+      t.overlapped_us = graph_us_per_call(stream, kCalls, kReps, [&](int call) { return launch(call, true); });
+    }
+    rows.push_back(t);
+    const double gbs = t.bytes / (t.serial_us * 1e-6) / 1e9;
+    std::fprintf(stderr, "  timed %s %s: %.2f us (%.0f GB/s)\n", t.step.c_str(), t.name.c_str(), t.serial_us, gbs);
+  };
+  auto gemv = [&](const MatrixCopies& m, const float* in, float* out, const cuda::GemvFusion& fusion = {}) {
+    return [&m, in, out, fusion, &ws, stream](int call, bool overlap) {
+      cuda::GemvOptions options;
+      options.overlap_previous = overlap;
+      return cuda::gemv_gptq(m.at(call), in, out, ws, stream, options, fusion);
+    };
+  };
+  auto io = [](int64_t in, int64_t out) { return 4.0 * (in + out); };
+
+  // The unfused step's kernels.
+  measure({"unfused", "rms_norm + residual add", 2.0 * h * 4 + io(h, h), 2},
+       [&](int, bool) { return cuda::rms_norm(x.as<float>(), residual.as<float>(), 1, h, norm, eps, normed.as<float>(), stream); },
+       false);
+  measure({"unfused", "q_proj", q.bytes() + io(h, qd)}, gemv(q, normed.as<float>(), q_out.as<float>()), false);
+  measure({"unfused", "k_proj, v_proj (each)", k.bytes() + io(h, kvd), 2}, gemv(k, normed.as<float>(), k_out.as<float>()), false);
+  measure({"unfused", "rope_store_kv", io(qd + 2 * kvd, qd) + 2.0 * kvd * 2},
+       [&](int call, bool) {
+         const int i = call % kv_copies;
+         return cuda::rope_store_kv(q_out.as<float>(), k_out.as<float>(), v_out.as<float>(), rope, inv_freq.as<float>(),
+                                    position.as<int32_t>(), caches[2 * i].as<uint16_t>(), caches[2 * i + 1].as<uint16_t>(), stream);
+       },
+       false);
+  measure({"unfused", "decode_attention + combine (2 launches)", kv_bytes + io(qd, qd)},
+       [&](int call, bool) {
+         const int i = call % kv_copies;
+         return cuda::decode_attention(q_out.as<float>(), caches[2 * i].as<uint16_t>(), caches[2 * i + 1].as<uint16_t>(),
+                                       position.as<int32_t>(), shape, attention_workspace.as<float>(), attn.as<float>(), stream);
+       },
+       false);
+  measure({"unfused", "o_proj", o.bytes() + io(qd, h)}, gemv(o, attn.as<float>(), x.as<float>()), false);
+  measure({"unfused", "gate_proj, up_proj (each)", gate.bytes() + io(h, inner), 2},
+       gemv(gate, normed.as<float>(), gate_out.as<float>()), false);
+  measure({"unfused", "silu_mul", io(2 * inner, inner)},
+       [&](int, bool) { return cuda::silu_mul(gate_out.as<float>(), up_out.as<float>(), inner, gate_out.as<float>(), stream); },
+       false);
+  measure({"unfused", "down_proj", down.bytes() + io(inner, h)}, gemv(down, gate_out.as<float>(), x.as<float>()), false);
+
+  // The fused step's kernels.
+  cuda::GemvFusion rms;
+  rms.input = cuda::GemvInput::kRmsNorm;
+  rms.norm_weight = norm;
+  rms.norm_eps = eps;
+  measure({"fused", "q/k/v grouped, RMSNorm in", q.bytes() + 2 * k.bytes() + io(h, qd + 2 * kvd) + 2.0 * h},
+       [&](int call, bool overlap) {
+         const cuda::GemvGroupMember members[] = {
+             {&q.at(call), q_out.as<float>()}, {&k.at(call), k_out.as<float>()}, {&v.at(call), v_out.as<float>()}};
+         cuda::GemvOptions options;
+         options.overlap_previous = overlap;
+         return cuda::gemv_gptq_grouped(members, x.as<float>(), ws, stream, options, rms);
+       },
+       true);
+  measure({"fused", "RoPE + KV store + attention + combine", kv_bytes + io(qd + 2 * kvd, qd)},
+       [&](int call, bool overlap) {
+         const int i = call % kv_copies;
+         return cuda::decode_attention_rope(q_out.as<float>(), k_out.as<float>(), v_out.as<float>(), inv_freq.as<float>(),
+                                            position.as<int32_t>(), caches[2 * i].as<uint16_t>(),
+                                            caches[2 * i + 1].as<uint16_t>(), shape, attention_workspace.as<float>(),
+                                            attention_counters.as<uint32_t>(), attn.as<float>(), stream, overlap);
+       },
+       true);
+  cuda::GemvFusion add;
+  add.residual = x.as<float>();
+  measure({"fused", "o_proj, residual add out", o.bytes() + io(qd + h, h)}, gemv(o, attn.as<float>(), x.as<float>(), add), true);
+  measure({"fused", "gate/up grouped, RMSNorm in", gate.bytes() + up.bytes() + io(h, 2 * inner) + 2.0 * h},
+       [&](int call, bool overlap) {
+         const cuda::GemvGroupMember members[] = {{&gate.at(call), gate_out.as<float>()}, {&up.at(call), up_out.as<float>()}};
+         cuda::GemvOptions options;
+         options.overlap_previous = overlap;
+         return cuda::gemv_gptq_grouped(members, x.as<float>(), ws, stream, options, rms);
+       },
+       true);
+  cuda::GemvFusion silu_add;
+  silu_add.input = cuda::GemvInput::kSiluMul;
+  silu_add.up = up_out.as<float>();
+  silu_add.residual = x.as<float>();
+  measure({"fused", "down_proj, SiLU*up in, residual add out", down.bytes() + io(2 * inner + h, h)},
+       gemv(down, gate_out.as<float>(), x.as<float>(), silu_add), true);
+
+  // The fused GEMVs at fixed k_splits (the planner's choice is marked in the table above by its time), serial
+  // and overlapped: printed here, to check the planner for grouped and fused launches.
+  std::printf("\nFused GEMVs at fixed k_splits (%s), us per call serial / overlapped:\n\n",
+              group < 0 ? "per-channel" : "g128");
+  std::printf("| kernel | planned | 1 | 2 | 4 | 8 | 16 | 32 |\n|---|---|---|---|---|---|---|---|\n");
+  struct Sweep {
+    const char* name;
+    std::vector<const MatrixCopies*> members;
+    std::vector<float*> outputs;
+    const float* in;
+    cuda::GemvFusion fusion;
+  };
+  const Sweep sweeps[] = {
+      {"q/k/v + RMSNorm", {&q, &k, &v}, {q_out.as<float>(), k_out.as<float>(), v_out.as<float>()}, x.as<float>(), rms},
+      {"o_proj + residual", {&o}, {x.as<float>()}, attn.as<float>(), add},
+      {"gate/up + RMSNorm", {&gate, &up}, {gate_out.as<float>(), up_out.as<float>()}, x.as<float>(), rms},
+      {"down + SiLU*up + residual", {&down}, {x.as<float>()}, gate_out.as<float>(), silu_add},
+  };
+  for (const Sweep& sweep : sweeps) {
+    std::vector<cuda::GemvGroupMember> probe;
+    for (size_t i = 0; i < sweep.members.size(); ++i) probe.push_back({&sweep.members[i]->at(0), sweep.outputs[i]});
+    const auto plan = cuda::plan_gemv_gptq_grouped(probe, ws.multiprocessors(), ws.partial_capacity());
+    std::printf("| %s | %d |", sweep.name, plan.ok() ? plan->k_splits : -1);
+    for (int k_splits : {1, 2, 4, 8, 16, 32}) {
+      double us[2] = {0, 0};
+      for (bool overlap : {false, true}) {
+        us[overlap] = graph_us_per_call(stream, kCalls, kReps, [&](int call) {
+          std::vector<cuda::GemvGroupMember> members;
+          for (size_t i = 0; i < sweep.members.size(); ++i) members.push_back({&sweep.members[i]->at(call), sweep.outputs[i]});
+          cuda::GemvOptions options;
+          options.k_splits = k_splits;
+          options.overlap_previous = overlap;
+          cuda::GemvFusion fusion = sweep.fusion;
+          if (members.size() > 1) fusion.residual = nullptr;
+          return cuda::gemv_gptq_grouped(members, sweep.in, ws, stream, options, fusion);
+        });
+      }
+      std::printf(" %.2f / %.2f |", us[0], us[1]);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+  // Once per token, both steps.
+  measure({"both", "final rms_norm", 2.0 * h + io(h, h), 0},
+       [&](int, bool) { return cuda::rms_norm(x.as<float>(), nullptr, 1, h, norm, eps, normed.as<float>(), stream); }, false);
+  measure({"both", "lm_head (8-bit)", lm_head.bytes() + io(h, c.vocab_size), 0}, gemv(lm_head, normed.as<float>(), logits.as<float>()),
+       false);
+  (void)copy_gbs;
+  return rows;
+}
+
+void print_kernel_table(const std::vector<KernelTiming>& rows, const LlamaConfig& c, int64_t group, double copy_gbs) {
+  std::printf("\nEach decode kernel alone (%s, %lld layers), time per call in a CUDA graph; %% copy = bytes / time "
+              "against %.0f GB/s:\n\n",
+              group < 0 ? "W4 per-channel" : ("W4 g" + std::to_string(group)).c_str(),
+              static_cast<long long>(c.num_hidden_layers), copy_gbs);
+  std::printf("| step | kernel | per layer | MB moved | floor us | us/call | GB/s | %% copy | us/call overlapped |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  double layer_us[2] = {0, 0}, layer_overlapped_us = 0, once_us = 0;
+  for (const KernelTiming& t : rows) {
+    const double gbs = t.bytes / (t.serial_us * 1e-6) / 1e9;
+    const double floor_us = t.bytes / (copy_gbs * 1e9) * 1e6;
+    char overlapped[32] = "";
+    if (t.overlapped_us >= 0) std::snprintf(overlapped, sizeof overlapped, "%.2f", t.overlapped_us);
+    std::printf("| %s | %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f%% | %s |\n", t.step.c_str(), t.name.c_str(),
+                t.per_layer == 0 ? "once" : std::to_string(t.per_layer).c_str(), t.bytes / 1e6, floor_us, t.serial_us, gbs,
+                100.0 * gbs / copy_gbs, overlapped);
+    if (t.step == "unfused") layer_us[0] += t.per_layer * t.serial_us;
+    if (t.step == "fused") {
+      layer_us[1] += t.serial_us;
+      layer_overlapped_us += t.overlapped_us;
+    }
+    if (t.step == "both") once_us += t.serial_us;
+  }
+  const double layers = static_cast<double>(c.num_hidden_layers);
+  std::printf("\nSums: unfused layer %.1f us (kernels one after another; the step runs k/v and up beside q and gate), "
+              "fused layer %.1f us serial, %.1f us overlapped; once per token %.1f us.\n",
+              layer_us[0], layer_us[1], layer_overlapped_us, once_us);
+  std::printf("Implied tg: unfused %.0f t/s, fused serial %.0f t/s, fused overlapped %.0f t/s (no host gap counted).\n",
+              1e6 / (layers * layer_us[0] + once_us), 1e6 / (layers * layer_us[1] + once_us),
+              1e6 / (layers * layer_overlapped_us + once_us));
+}
+
+std::unique_ptr<LlamaModel> random_model(const Options& o, int64_t group, std::string& name) {
+  auto preset = random_checkpoint_preset_config(o.preset);
+  check(preset.status(), "preset");
+  nlohmann::json j = nlohmann::json::parse(preset->dump());
+  if (o.layers > 0) j["num_hidden_layers"] = o.layers;
+  j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", group}, {"sym", true},
+                              {"desc_act", false}, {"lm_head", true}};
+  auto config = parse_llama_config(j, o.preset);
+  check(config.status(), "config");
+  auto source = std::make_unique<RandomGptqSource>(*config, group);
+  auto built = LlamaModel::from_source(*config, std::move(source));
+  check(built.status(), "binding the random weights");
+  name = o.preset + " (" + std::to_string(config->num_hidden_layers) + " layers) W4 " +
+         (group < 0 ? "per-channel" : "g" + std::to_string(group)) + ", 8-bit head, random";
+  return std::move(built).value();
+}
+
+// Bytes of weights one token reads: every linear, plus one embedding row.
+double token_weight_bytes(const LlamaModel& model) {
+  auto linear_bytes = [](const LinearWeight& w) -> double {
+    if (w.kind == LinearWeight::Kind::kGptq) {
+      const auto& g = w.gptq;
+      return double(g.rows) * g.cols * g.bits / 8 + double(g.n_groups()) * g.rows * (2 + g.bits / 8.0);
+    }
+    return double(w.dense.rows) * w.dense.cols * dtype_size(w.dense.dtype);
+  };
+  const LlamaConfig& c = model.config();
+  double bytes = double(c.hidden_size) * dtype_size(model.weights().embed_tokens.dtype);
+  for (const LlamaLayerWeights& l : model.weights().layers) {
+    for (const LinearWeight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      bytes += linear_bytes(*w);
+    }
+  }
+  return bytes + linear_bytes(model.weights().lm_head);
+}
+
+void run_tg(const LlamaModel& model, const std::string& name, const Options& o, double copy_gbs) {
+  const LlamaConfig& c = model.config();
+  const double token_bytes = token_weight_bytes(model);
+  const double floor_ms = token_bytes / (copy_gbs * 1e9) * 1e3;
+  std::printf("\nmodel: %s; weights read per token %.3f GB: floor %.3f ms/token (%.0f t/s) at the copy bandwidth\n\n",
+              name.c_str(), token_bytes / 1e9, floor_ms, 1e3 / floor_ms);
+  std::printf("| step | test | upload s | t/s | ms/token | weight GB/s | %% copy |\n|---|---|---|---|---|---|---|\n");
+  for (const std::string& variant : o.variants) {
+    CudaModelOptions options;
+    options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);
+    if (!variant_options(variant, options)) {
+      std::fprintf(stderr, "unknown variant '%s'\n", variant.c_str());
+      std::exit(2);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto gpu = CudaModel::create(model, options);
+    check(gpu.status(), "CudaModel::create");
+    const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<float> logits;
+    std::vector<double> rates;
+    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up (graph capture, first touches)
+      (*gpu)->reset();
+      const auto start = std::chrono::steady_clock::now();
+      for (int t = 0; t < o.n_gen; ++t) check((*gpu)->decode(static_cast<int32_t>((t * 7919 + 1) % c.vocab_size), &logits), "decode");
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (rep >= 0) rates.push_back(o.n_gen / s);
+    }
+    double mean = 0;
+    for (double r : rates) mean += r / rates.size();
+    const double gbs = token_bytes * mean / 1e9;
+    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% |\n", variant.c_str(), o.n_gen, upload_s, mean, 1e3 / mean,
+                gbs, 100.0 * gbs / copy_gbs);
+    std::fflush(stdout);
+  }
+}
 
 }  // namespace
 
@@ -150,83 +628,62 @@ int main(int argc, char** argv) {
     };
     if (a == "--preset") o.preset = value();
     else if (a == "--layers") o.layers = std::stoll(value());
-    else if (a == "--group") o.group = std::stoll(value());
-    else if (a == "--model") o.model = value();
+    else if (a == "--group") {
+      o.groups.clear();
+      for (const std::string& g : split_list(value())) o.groups.push_back(std::stoll(g));
+    } else if (a == "--model") o.model = value();
     else if (a == "--reps") o.reps = std::stoi(value());
     else if (a == "-n") o.n_gen = std::stoi(value());
+    else if (a == "--kernels") o.kernels = true;
+    else if (a == "--variants") o.variants = split_list(value());
     else {
-      std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128] [--model DIR] [--reps N] [-n N]\n");
+      std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
+                           "[--reps N] [-n N] [--kernels] [--variants LIST]\n");
       return 2;
     }
   }
+  for (const std::string& v : o.variants) {
+    CudaModelOptions unused;
+    if (!variant_options(v, unused)) {
+      std::fprintf(stderr, "unknown variant '%s'\n", v.c_str());
+      return 2;
+    }
+  }
+  auto devices = take(cuda::list_devices(), "list_devices");
+  if (devices.empty()) {
+    std::fprintf(stderr, "no CUDA device: %s\n", cuda::no_device_reason().c_str());
+    return 1;
+  }
+  const cuda::DeviceInfo& dev = devices[0];
+  check(cuda::set_device(0), "set_device");
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double copy_gbs = copy_bandwidth_gbs(stream, 20);
+  std::printf("device: %s, %d SMs, %.0f MiB L2, CUDA runtime %s, driver %s\n", dev.name.c_str(), dev.multiprocessors,
+              dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
+  std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
+  std::fflush(stdout);
 
-  std::unique_ptr<LlamaModel> model;
-  std::string name;
-  const auto t_load = std::chrono::steady_clock::now();
   if (!o.model.empty()) {
+    const auto t_load = std::chrono::steady_clock::now();
     auto loaded = LlamaModel::load(o.model);
     check(loaded.status(), "loading the model");
-    model = std::move(loaded).value();
-    name = o.model;
-  } else {
-    auto preset = random_checkpoint_preset_config(o.preset);
-    check(preset.status(), "preset");
-    nlohmann::json j = nlohmann::json::parse(preset->dump());
-    if (o.layers > 0) j["num_hidden_layers"] = o.layers;
-    j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", o.group}, {"sym", true},
-                                {"desc_act", false}, {"lm_head", true}};
-    auto config = parse_llama_config(j, o.preset);
-    check(config.status(), "config");
-    auto source = std::make_unique<RandomGptqSource>(*config, o.group);
-    auto built = LlamaModel::from_source(*config, std::move(source));
-    check(built.status(), "binding the random weights");
-    model = std::move(built).value();
-    name = o.preset + " (" + std::to_string(config->num_hidden_layers) + " layers) W4 " +
-           (o.group < 0 ? "per-channel" : "g" + std::to_string(o.group)) + ", 8-bit head, random";
+    std::printf("host load %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+    run_tg(**loaded, o.model, o, copy_gbs);
+    return 0;
   }
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-
-  // Bytes of weights one token reads: every linear, plus one embedding row.
-  const LlamaConfig& c = model->config();
-  auto linear_bytes = [](const LinearWeight& w) -> double {
-    if (w.kind == LinearWeight::Kind::kGptq) {
-      const auto& g = w.gptq;
-      return double(g.rows) * g.cols * g.bits / 8 + double(g.n_groups()) * g.rows * (2 + g.bits / 8.0);
+  for (int64_t group : o.groups) {
+    std::string name;
+    const auto t_build = std::chrono::steady_clock::now();
+    std::unique_ptr<LlamaModel> model = random_model(o, group, name);
+    std::printf("\n(host build of the random weights %.1f s)\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count());
+    if (o.kernels) {
+      const std::vector<KernelTiming> rows = time_kernels(model->config(), group, copy_gbs, stream);
+      print_kernel_table(rows, model->config(), group, copy_gbs);
     }
-    return double(w.dense.rows) * w.dense.cols * dtype_size(w.dense.dtype);
-  };
-  double token_bytes = double(c.hidden_size) * dtype_size(model->weights().embed_tokens.dtype);
-  for (const LlamaLayerWeights& l : model->weights().layers) {
-    for (const LinearWeight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      token_bytes += linear_bytes(*w);
-    }
+    run_tg(*model, name, o, copy_gbs);
   }
-  token_bytes += linear_bytes(model->weights().lm_head);
-
-  std::printf("model: %s (host build %.1f s); weights read per token %.3f GB\n\n", name.c_str(), load_s, token_bytes / 1e9);
-  std::printf("| graph | test | upload s | t/s | ms/token | weight GB/s |\n|---|---|---|---|---|---|\n");
-  for (bool graph : {true, false}) {
-    CudaModelOptions options;
-    options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);
-    options.use_graph = graph;
-    const auto t0 = std::chrono::steady_clock::now();
-    auto gpu = CudaModel::create(*model, options);
-    check(gpu.status(), "CudaModel::create");
-    const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<float> logits;
-    std::vector<double> rates;
-    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up (graph capture, first touches)
-      (*gpu)->reset();
-      const auto start = std::chrono::steady_clock::now();
-      for (int t = 0; t < o.n_gen; ++t) check((*gpu)->decode(static_cast<int32_t>((t * 7919 + 1) % c.vocab_size), &logits), "decode");
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (rep >= 0) rates.push_back(o.n_gen / s);
-    }
-    double mean = 0;
-    for (double r : rates) mean += r / rates.size();
-    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f |\n", graph ? "yes" : "no", o.n_gen, upload_s, mean, 1e3 / mean,
-                token_bytes * mean / 1e9);
-    std::fflush(stdout);
-  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
   return 0;
 }

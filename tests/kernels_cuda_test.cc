@@ -18,6 +18,7 @@
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
+#include "petrel/kernels/cuda/stream.h"
 #include "petrel/model/rope.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/quant/format.h"
@@ -461,6 +462,343 @@ TEST(KernelsCuda, DecodeAttentionMatchesReferenceAcrossSplits) {
   EXPECT_FALSE(cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, cuda::DecodeAttentionShape{6, 4, 16, 8, 0},
                                       nullptr, nullptr).ok());
   std::printf("[ cuda attention ] worst relative L2 %.3g\n", worst);
+}
+
+// ---- The fused decode step's kernels: grouped GEMV with fused input ops and residual, overlapped launches,
+// RoPE + KV store + attention + combine in one launch.
+
+// Random GPTQ weights (RTN of random floats) of one shape, on the host and the device.
+struct TestGptq {
+  quant::GptqTensors host;
+  cuda::DeviceGptqWeights device;
+};
+
+TestGptq make_gptq(std::mt19937& rng, int64_t rows, int64_t cols, int bits, int64_t group, bool symmetric) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(rows * cols);
+  for (float& v : w) v = 0.05f * normal(rng);
+  auto packed = quant::pack_gptq(quant::quantize_rtn(w.data(), rows, cols, quant::QuantScheme{bits, group, symmetric, false}));
+  EXPECT_TRUE(packed.ok()) << packed.status().to_string();
+  TestGptq t{std::move(*packed), {}};
+  auto uploaded = cuda::DeviceGptqWeights::upload(t.host.view());
+  EXPECT_TRUE(uploaded.ok()) << uploaded.status().to_string();
+  t.device = std::move(*uploaded);
+  return t;
+}
+
+std::vector<float> round_to_f16(std::vector<float> v) {
+  for (float& x : v) x = f16_to_f32(f32_to_f16(x));
+  return v;
+}
+
+const char* input_name(cuda::GemvInput input) {
+  switch (input) {
+    case cuda::GemvInput::kPlain: return "plain";
+    case cuda::GemvInput::kRmsNorm: return "rms_norm";
+    case cuda::GemvInput::kSiluMul: return "silu_mul";
+  }
+  return "?";
+}
+
+TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(31);
+  struct Case { std::vector<int64_t> rows; int64_t cols, group; int bits; bool symmetric; };
+  const Case cases[] = {
+      {{4096, 1024, 1024}, 4096, -1, 4, true},  // Llama-3.1-8B q/k/v
+      {{200, 72, 1032}, 4096, 128, 4, false},   // rows that are no multiple of the 128-row block
+      {{520, 136}, 1024, 64, 4, false},
+      {{8}, 64, 32, 4, true},
+      {{36, 52, 4}, 128, -1, 8, true},
+      {{1028, 132}, 256, 32, 8, false},
+  };
+  auto workspace = cuda::GemvWorkspace::create();
+  ASSERT_TRUE(workspace.ok()) << workspace.status().to_string();
+  double worst = 0, worst_fp32_input = 0;
+  for (const Case& c : cases) {
+    std::vector<TestGptq> matrices;
+    for (int64_t rows : c.rows) matrices.push_back(make_gptq(rng, rows, c.cols, c.bits, c.group, c.symmetric));
+    std::vector<cuda::DeviceBuffer> outputs;
+    std::vector<cuda::GemvGroupMember> members;
+    for (const TestGptq& m : matrices) {
+      auto y = cuda::DeviceBuffer::allocate(m.host.rows * 4);
+      ASSERT_TRUE(y.ok());
+      outputs.push_back(std::move(*y));
+      members.push_back({&m.device.view(), outputs.back().as<float>()});
+    }
+    const std::vector<float> x = random_floats(rng, c.cols, 2.0f), up = random_floats(rng, c.cols);
+    cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4), up_dev = to_device(up.data(), up.size() * 4);
+    for (cuda::GemvInput input : {cuda::GemvInput::kPlain, cuda::GemvInput::kRmsNorm, cuda::GemvInput::kSiluMul}) {
+      for (DType norm_dtype : kFloatTypes) {
+        if (input != cuda::GemvInput::kRmsNorm && norm_dtype != DType::kF32) continue;
+        const StoredFloats norm = store_as(random_floats(rng, c.cols), norm_dtype);
+        cuda::DeviceBuffer norm_dev = to_device(norm.bytes.data(), norm.bytes.size());
+        // The input the product sees, on the host: the reference ops, then fp16 as the tensor cores take it.
+        std::vector<float> in = x;
+        if (input == cuda::GemvInput::kRmsNorm) {
+          ref::rms_norm(x.data(), 1, c.cols, ref::DenseMatrix{norm_dtype, 1, c.cols, norm.bytes.data()}, 1e-5f, in.data());
+        } else if (input == cuda::GemvInput::kSiluMul) {
+          ref::silu_mul(x.data(), up.data(), c.cols, in.data());
+        }
+        const std::vector<float> in16 = round_to_f16(in);
+        std::vector<std::vector<float>> want16(matrices.size()), want(matrices.size());
+        for (size_t i = 0; i < matrices.size(); ++i) {
+          const ref::GptqMatrix m = matrices[i].host.view();
+          want16[i].resize(m.rows);
+          want[i].resize(m.rows);
+          ref::matmul(in16.data(), 1, m, want16[i].data());
+          ref::matmul(in.data(), 1, m, want[i].data());
+        }
+        cuda::GemvFusion fusion;
+        fusion.input = input;
+        fusion.norm_weight = cuda::DeviceVector{norm_dtype, c.cols, norm_dev.data()};
+        fusion.norm_eps = 1e-5f;
+        fusion.up = up_dev.as<float>();
+        const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
+        for (int k_splits : {0, 1, std::min(steps, 3)}) {
+          for (bool overlap : {false, true}) {
+            SCOPED_TRACE(std::to_string(c.bits) + "-bit, " + std::to_string(c.rows.size()) + " matrices of " +
+                         std::to_string(c.cols) + " cols, group " + std::to_string(c.group) + ", " + input_name(input) +
+                         " " + std::string(dtype_name(norm_dtype)) + ", k_splits " + std::to_string(k_splits) +
+                         (overlap ? ", overlapped" : ""));
+            cuda::GemvOptions options;
+            options.k_splits = k_splits;
+            options.overlap_previous = overlap;
+            options.l2_prefetch_steps = overlap ? 64 : 0;
+            std::vector<std::vector<float>> first;
+            for (int run = 0; run < 2; ++run) {
+              for (cuda::DeviceBuffer& y : outputs) ASSERT_TRUE(y.fill_bytes(0xFF).ok());
+              Status st = cuda::gemv_gptq_grouped(members, x_dev.as<float>(), *workspace, nullptr, options, fusion);
+              ASSERT_TRUE(st.ok()) << st.to_string();
+              for (size_t i = 0; i < matrices.size(); ++i) {
+                const std::vector<float> got = download_floats(outputs[i], matrices[i].host.rows);
+                // RMSNorm: the sum of squares in another order can move an element's fp16 rounding by a step.
+                const double error = relative_l2(got, want16[i]);
+                EXPECT_LE(error, input == cuda::GemvInput::kRmsNorm ? 1e-4 : kTolerance) << "matrix " << i;
+                EXPECT_LE(relative_l2(got, want[i]), kToleranceFp16Input) << "matrix " << i;
+                worst = std::max(worst, error);
+                worst_fp32_input = std::max(worst_fp32_input, relative_l2(got, want[i]));
+                if (run == 0) first.push_back(got);
+                else EXPECT_EQ(got, first[i]) << "not reproducible, matrix " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Refusals: mismatched members, too many, a residual on a group, the CUDA-core kernel with fusions.
+  std::vector<TestGptq> mismatched;
+  mismatched.push_back(make_gptq(rng, 64, 256, 4, 128, true));
+  mismatched.push_back(make_gptq(rng, 64, 512, 4, 128, true));
+  auto y = cuda::DeviceBuffer::allocate(4096);
+  ASSERT_TRUE(y.ok());
+  const cuda::GemvGroupMember bad[] = {{&mismatched[0].device.view(), y->as<float>()}, {&mismatched[1].device.view(), y->as<float>()}};
+  EXPECT_FALSE(cuda::gemv_gptq_grouped(bad, y->as<float>(), *workspace).ok());
+  const cuda::GemvGroupMember four[] = {bad[0], bad[0], bad[0], bad[0]};
+  EXPECT_FALSE(cuda::gemv_gptq_grouped(four, y->as<float>(), *workspace).ok());
+  cuda::GemvFusion residual;
+  residual.residual = y->as<float>();
+  const cuda::GemvGroupMember two[] = {bad[0], bad[0]};
+  EXPECT_FALSE(cuda::gemv_gptq_grouped(two, y->as<float>(), *workspace, nullptr, {}, residual).ok());
+  cuda::GemvOptions cuda_core;
+  cuda_core.algorithm = cuda::GemvAlgorithm::kCudaCore;
+  EXPECT_FALSE(cuda::gemv_gptq(*bad[0].w, y->as<float>(), y->as<float>() + 256, *workspace, nullptr, cuda_core, residual).ok());
+  std::printf("[ cuda grouped gemv ] worst relative L2 %.3g (x rounded to fp16; %.3g against float32 x)\n", worst,
+              worst_fp32_input);
+}
+
+TEST(KernelsCuda, GemvResidualEpilogueUpdatesTheStreamInPlace) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(32);
+  auto workspace = cuda::GemvWorkspace::create();
+  ASSERT_TRUE(workspace.ok());
+  struct Case { int64_t rows, cols, group; int bits; };
+  for (const Case& c : {Case{4096, 14336, 128, 4}, Case{4096, 4096, -1, 4}, Case{200, 1024, 64, 4}, Case{68, 128, -1, 8}}) {
+    const TestGptq m = make_gptq(rng, c.rows, c.cols, c.bits, c.group, false);
+    const std::vector<float> gate = random_floats(rng, c.cols, 3.0f), up = random_floats(rng, c.cols),
+                             stream = random_floats(rng, c.rows);
+    cuda::DeviceBuffer gate_dev = to_device(gate.data(), gate.size() * 4), up_dev = to_device(up.data(), up.size() * 4);
+    for (bool silu : {false, true}) {
+      std::vector<float> in = gate;
+      if (silu) ref::silu_mul(gate.data(), up.data(), c.cols, in.data());
+      const std::vector<float> in16 = round_to_f16(in);
+      std::vector<float> want(c.rows);
+      ref::matmul(in16.data(), 1, m.host.view(), want.data());
+      ref::add_in_place(want.data(), stream.data(), c.rows);
+      const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
+      for (int k_splits : {0, 1, std::min(steps, 5)}) {
+        SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + (silu ? " silu" : "") + " k_splits " +
+                     std::to_string(k_splits));
+        cuda::DeviceBuffer stream_dev = to_device(stream.data(), stream.size() * 4);
+        cuda::GemvFusion fusion;
+        fusion.input = silu ? cuda::GemvInput::kSiluMul : cuda::GemvInput::kPlain;
+        fusion.up = up_dev.as<float>();
+        fusion.residual = stream_dev.as<float>();
+        cuda::GemvOptions options;
+        options.k_splits = k_splits;
+        options.overlap_previous = true;
+        Status st = cuda::gemv_gptq(m.device.view(), gate_dev.as<float>(), stream_dev.as<float>(), *workspace, nullptr,
+                                    options, fusion);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_LE(relative_l2(download_floats(stream_dev, c.rows), want), kTolerance);
+      }
+    }
+  }
+}
+
+// A chain of dependent launches shaped like one layer of the fused step, each overlapping the one before it,
+// launched on a stream and replayed from a CUDA graph many times: the same bits as launched one at a time.
+TEST(KernelsCuda, OverlappedLaunchChainGivesTheSameBitsAsSerialLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(33);
+  const int64_t hidden = 1024, inner = 2816;
+  const TestGptq q = make_gptq(rng, hidden, hidden, 4, 128, true), k = make_gptq(rng, 256, hidden, 4, 128, true),
+                 o = make_gptq(rng, hidden, hidden, 4, 128, true), gate = make_gptq(rng, inner, hidden, 4, 128, true),
+                 up = make_gptq(rng, inner, hidden, 4, 128, true), down = make_gptq(rng, hidden, inner, 4, 128, true);
+  const std::vector<float> x0 = random_floats(rng, hidden);
+  const StoredFloats norm = store_as(random_floats(rng, hidden), DType::kBF16);
+  cuda::DeviceBuffer norm_dev = to_device(norm.bytes.data(), norm.bytes.size());
+  auto alloc = [](int64_t n) {
+    auto b = cuda::DeviceBuffer::allocate(n * 4);
+    EXPECT_TRUE(b.ok());
+    return std::move(*b);
+  };
+  cuda::DeviceBuffer x = alloc(hidden), q_out = alloc(hidden), k_out = alloc(256), g_out = alloc(inner), u_out = alloc(inner);
+  auto workspace = cuda::GemvWorkspace::create();
+  auto stream = cuda::CudaStream::create();
+  ASSERT_TRUE(workspace.ok() && stream.ok());
+  auto run_layer = [&](bool overlap) -> Status {
+    cuda::GemvOptions options;
+    options.overlap_previous = overlap;
+    cuda::GemvFusion normed;
+    normed.input = cuda::GemvInput::kRmsNorm;
+    normed.norm_weight = cuda::DeviceVector{DType::kBF16, hidden, norm_dev.data()};
+    normed.norm_eps = 1e-5f;
+    const cuda::GemvGroupMember qk[] = {{&q.device.view(), q_out.as<float>()}, {&k.device.view(), k_out.as<float>()}};
+    PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qk, x.as<float>(), *workspace, stream->get(), options, normed));
+    cuda::GemvFusion add;
+    add.residual = x.as<float>();
+    PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(o.device.view(), q_out.as<float>(), x.as<float>(), *workspace, stream->get(), options, add));
+    const cuda::GemvGroupMember gu[] = {{&gate.device.view(), g_out.as<float>()}, {&up.device.view(), u_out.as<float>()}};
+    PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(gu, x.as<float>(), *workspace, stream->get(), options, normed));
+    cuda::GemvFusion silu_add;
+    silu_add.input = cuda::GemvInput::kSiluMul;
+    silu_add.up = u_out.as<float>();
+    silu_add.residual = x.as<float>();
+    return cuda::gemv_gptq(down.device.view(), g_out.as<float>(), x.as<float>(), *workspace, stream->get(), options, silu_add);
+  };
+  constexpr int kLayers = 12;
+  std::vector<float> serial;
+  for (int variant = 0; variant < 3; ++variant) {  // serial; overlapped on the stream; overlapped in a graph
+    SCOPED_TRACE(variant);
+    ASSERT_TRUE(x.upload(x0.data(), hidden * 4).ok());
+    if (variant < 2) {
+      for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(run_layer(variant == 1).ok());
+    } else {
+      ASSERT_TRUE(cuda::CudaGraph::begin_capture(stream->get()).ok());
+      Status enqueued = Status();
+      for (int l = 0; l < kLayers && enqueued.ok(); ++l) enqueued = run_layer(true);
+      auto graph = cuda::CudaGraph::end_capture(stream->get());
+      ASSERT_TRUE(enqueued.ok()) << enqueued.to_string();
+      ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+      ASSERT_TRUE(graph->launch(stream->get()).ok());
+    }
+    ASSERT_TRUE(stream->synchronize().ok());
+    const std::vector<float> got = download_floats(x, hidden);
+    for (float v : got) ASSERT_TRUE(std::isfinite(v));
+    if (variant == 0) serial = got;
+    else EXPECT_EQ(got, serial);
+  }
+}
+
+TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(34);
+  struct Case { int64_t n_heads, n_kv_heads, head_dim, position, context, split; };
+  RopeConfig rope_config;
+  rope_config.theta = 500000.0;
+  double worst = 0;
+  for (const Case& c : {Case{32, 8, 128, 0, 4096, 0}, Case{32, 8, 128, 63, 4096, 0}, Case{32, 8, 128, 64, 4096, 0},
+                        Case{32, 8, 128, 1000, 4096, 0}, Case{8, 2, 32, 299, 512, 0}, Case{4, 1, 40, 76, 128, 16},
+                        Case{6, 6, 16, 128, 256, 32}, Case{64, 1, 64, 49, 64, 0}, Case{2, 2, 256, 32, 33, 7},
+                        Case{8, 2, 30, 4, 5, 1}, Case{3, 1, 2, 9, 16, 4}, Case{32, 8, 128, 4095, 4096, 0}}) {
+    for (bool overlap : {false, true}) {
+      SCOPED_TRACE(std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " heads of " +
+                   std::to_string(c.head_dim) + " at position " + std::to_string(c.position) + " of " +
+                   std::to_string(c.context) + ", split " + std::to_string(c.split) + (overlap ? ", overlapped" : ""));
+      const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+      const std::vector<float> q = random_floats(rng, c.n_heads * c.head_dim, 0.5f), k = random_floats(rng, kv_dim, 0.5f),
+                               v = random_floats(rng, kv_dim);
+      StoredFloats keys = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
+      StoredFloats values = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
+      const std::vector<float> inv_freq = rope_inverse_frequencies(rope_config, c.head_dim);
+      std::vector<float> cos(c.head_dim / 2), sin(c.head_dim / 2);
+      rope_cos_sin(inv_freq, c.position, 1, cos.data(), sin.data());
+      std::vector<float> want_q = q, want_k = k;
+      ref::apply_rope(want_q.data(), 1, c.n_heads, c.head_dim, cos.data(), sin.data());
+      ref::apply_rope(want_k.data(), 1, c.n_kv_heads, c.head_dim, cos.data(), sin.data());
+
+      cuda::DeviceBuffer q_dev = to_device(q.data(), q.size() * 4), k_dev = to_device(k.data(), k.size() * 4),
+                         v_dev = to_device(v.data(), v.size() * 4), f_dev = to_device(inv_freq.data(), inv_freq.size() * 4),
+                         keys_dev = to_device(keys.bytes.data(), keys.bytes.size()),
+                         values_dev = to_device(values.bytes.data(), values.bytes.size());
+      const int32_t position = static_cast<int32_t>(c.position);
+      cuda::DeviceBuffer pos_dev = to_device(&position, 4);
+      const cuda::DecodeAttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, c.context, c.split};
+      auto workspace = cuda::DeviceBuffer::allocate(cuda::decode_attention_workspace_floats(shape) * 4);
+      auto counters = cuda::DeviceBuffer::allocate(c.n_kv_heads * 4);
+      auto out = cuda::DeviceBuffer::allocate(q.size() * 4);
+      ASSERT_TRUE(workspace.ok() && counters.ok() && out.ok());
+      ASSERT_TRUE(workspace->fill_bytes(0xFF).ok() && counters->fill_bytes(0).ok());
+      std::vector<float> first;
+      for (int run = 0; run < 2; ++run) {  // twice: the counters are left at zero, the result is reproducible
+        ASSERT_TRUE(out->fill_bytes(0xFF).ok());
+        Status st = cuda::decode_attention_rope(q_dev.as<float>(), k_dev.as<float>(), v_dev.as<float>(), f_dev.as<float>(),
+                                                pos_dev.as<int32_t>(), keys_dev.as<uint16_t>(), values_dev.as<uint16_t>(),
+                                                shape, workspace->as<float>(), counters->as<uint32_t>(), out->as<float>(),
+                                                nullptr, overlap);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        const std::vector<float> got = download_floats(*out, q.size());
+        if (run == 0) first = got;
+        else EXPECT_EQ(got, first) << "not reproducible";
+      }
+      std::vector<uint32_t> counts(c.n_kv_heads);
+      ASSERT_TRUE(counters->download(counts.data(), counts.size() * 4).ok());
+      EXPECT_EQ(counts, std::vector<uint32_t>(c.n_kv_heads, 0u));
+      // The caches: row `position` holds this token's rotated key and value in fp16, the others are unchanged.
+      std::vector<uint16_t> key_rows(c.context * kv_dim), value_rows(c.context * kv_dim);
+      ASSERT_TRUE(keys_dev.download(key_rows.data(), key_rows.size() * 2).ok());
+      ASSERT_TRUE(values_dev.download(value_rows.data(), value_rows.size() * 2).ok());
+      for (int64_t r = 0; r < c.context; ++r) {
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          const int64_t at = r * kv_dim + i;
+          uint16_t stored_key, stored_value;
+          std::memcpy(&stored_key, keys.bytes.data() + 2 * at, 2);
+          std::memcpy(&stored_value, values.bytes.data() + 2 * at, 2);
+          if (r != c.position) {
+            ASSERT_EQ(key_rows[at], stored_key) << "row " << r;
+            ASSERT_EQ(value_rows[at], stored_value) << "row " << r;
+            continue;
+          }
+          EXPECT_EQ(value_rows[at], f32_to_f16(v[i]));
+          // As rope_store_kv: the CPU's FMA contraction can move the fp16 rounding of a key by one step.
+          EXPECT_LE(std::abs(int(key_rows[at]) - int(f32_to_f16(want_k[i]))), 1) << "key " << i;
+          keys.widened[at] = f16_to_f32(key_rows[at]);
+          values.widened[at] = f16_to_f32(value_rows[at]);
+        }
+      }
+      std::vector<float> want(q.size());
+      ref::attention(want_q.data(), keys.widened.data(), values.widened.data(), 1, c.position, c.n_heads, c.n_kv_heads,
+                     c.head_dim, want.data());
+      const double error = relative_l2(first, want);
+      EXPECT_LE(error, 1e-5);
+      worst = std::max(worst, error);
+    }
+  }
+  EXPECT_FALSE(cuda::decode_attention_rope(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                           cuda::DecodeAttentionShape{8, 2, 15, 8, 0}, nullptr, nullptr, nullptr).ok());
+  std::printf("[ cuda attention + rope ] worst relative L2 %.3g\n", worst);
 }
 
 }  // namespace

@@ -15,7 +15,9 @@ namespace {
 constexpr int kWordsPerStep = 4;          // packed input words per warp step (one per thread of a quad)
 constexpr int kTargetBlocksPerSm = 4;
 constexpr int64_t kMinStepsPerSplit = 8;
-constexpr int64_t kMaxSharedBytes = 48 * 1024;  // the default dynamic shared-memory limit, no opt-in needed
+// The default shared-memory limit (no opt-in needed), less the 16 KB of x the RMSNorm-fused kernels keep in
+// static shared memory (gemv_gptq.cu): what is left for the staged slice of x.
+constexpr int64_t kMaxSharedBytes = 48 * 1024 - 16 * 1024;
 
 std::string shape_string(const DeviceGptqMatrix& w) {
   return std::to_string(w.bits) + "-bit [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "] group " +
@@ -47,14 +49,18 @@ Status gemv_gptq_supports(const DeviceGptqMatrix& w) {
   return ok_status();
 }
 
-Result<GemvPlan> plan_gemv_gptq(const DeviceGptqMatrix& w, int multiprocessors, int64_t partial_capacity,
-                                const GemvOptions& options) {
-  PETREL_RETURN_IF_ERROR(gemv_gptq_supports(w));
+namespace {
+
+// The plan for `row_blocks` blocks of rows that all read an input of w.cols (one matrix, or a group of them).
+Result<GemvPlan> plan_row_blocks(const DeviceGptqMatrix& w, int64_t row_blocks, int multiprocessors,
+                                 int64_t partial_capacity, const GemvOptions& options, const std::string& what) {
   const int64_t words = w.cols / (32 / w.bits);
   const int64_t steps = (words + kWordsPerStep - 1) / kWordsPerStep;
   const int64_t step_bytes = kWordsPerStep * staged_bytes_per_word(w.bits, options.algorithm);
+  // Partial sums are laid out per block of rows (row_blocks * kRowsPerBlock per slice).
+  const int64_t padded_rows = row_blocks * GemvPlan::kRowsPerBlock;
   GemvPlan plan;
-  plan.row_blocks = (w.rows + GemvPlan::kRowsPerBlock - 1) / GemvPlan::kRowsPerBlock;
+  plan.row_blocks = row_blocks;
   // The slice of x a block stages must fit in shared memory: a lower bound on the splits.
   const int64_t min_splits = (steps * step_bytes + kMaxSharedBytes - 1) / kMaxSharedBytes;
   int64_t splits = options.k_splits;
@@ -66,18 +72,49 @@ Result<GemvPlan> plan_gemv_gptq(const DeviceGptqMatrix& w, int multiprocessors, 
     while (2 * splits * plan.row_blocks <= target_blocks + plan.row_blocks / 2) splits *= 2;
     splits = std::min(splits, (steps + kMinStepsPerSplit - 1) / kMinStepsPerSplit);
     // The workspace bounds the partial sums; fewer splits only cost parallelism.
-    if (splits > 1) splits = std::min(splits, std::max<int64_t>(1, partial_capacity / w.rows));
+    if (splits > 1) splits = std::min(splits, std::max<int64_t>(1, partial_capacity / padded_rows));
   }
   splits = std::clamp<int64_t>(std::max(splits, min_splits), 1, steps);
   plan.steps_per_split = (steps + splits - 1) / splits;
   plan.k_splits = static_cast<int>((steps + plan.steps_per_split - 1) / plan.steps_per_split);
   plan.shared_bytes = plan.steps_per_split * step_bytes;
-  if (plan.k_splits > 1 && w.rows * plan.k_splits > partial_capacity) {
-    return out_of_range("gemv_gptq: " + shape_string(w) + " in " + std::to_string(plan.k_splits) +
-                        " input slices needs " + std::to_string(w.rows * plan.k_splits) +
-                        " partial sums, the workspace holds " + std::to_string(partial_capacity));
+  if (plan.k_splits > 1 && padded_rows * plan.k_splits > partial_capacity) {
+    return out_of_range("gemv_gptq: " + what + " in " + std::to_string(plan.k_splits) + " input slices needs " +
+                        std::to_string(padded_rows * plan.k_splits) + " partial sums, the workspace holds " +
+                        std::to_string(partial_capacity));
   }
   return plan;
+}
+
+}  // namespace
+
+Result<GemvPlan> plan_gemv_gptq(const DeviceGptqMatrix& w, int multiprocessors, int64_t partial_capacity,
+                                const GemvOptions& options) {
+  PETREL_RETURN_IF_ERROR(gemv_gptq_supports(w));
+  const int64_t row_blocks = (w.rows + GemvPlan::kRowsPerBlock - 1) / GemvPlan::kRowsPerBlock;
+  return plan_row_blocks(w, row_blocks, multiprocessors, partial_capacity, options, shape_string(w));
+}
+
+Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members, int multiprocessors,
+                                        int64_t partial_capacity, const GemvOptions& options) {
+  if (members.empty() || members.size() > static_cast<size_t>(kMaxGemvGroupMembers)) {
+    return invalid_argument("gemv_gptq_grouped: " + std::to_string(members.size()) + " matrices (1 to " +
+                            std::to_string(kMaxGemvGroupMembers) + ")");
+  }
+  int64_t row_blocks = 0;
+  std::string what;
+  for (const GemvGroupMember& m : members) {
+    if (!m.w) return invalid_argument("gemv_gptq_grouped: a member without a matrix");
+    PETREL_RETURN_IF_ERROR(gemv_gptq_supports(*m.w));
+    const DeviceGptqMatrix& first = *members[0].w;
+    if (m.w->bits != first.bits || m.w->cols != first.cols || m.w->group_size != first.group_size) {
+      return invalid_argument("gemv_gptq_grouped: " + shape_string(*m.w) + " cannot share a launch with " +
+                              shape_string(first) + " (bits, cols and group size must agree)");
+    }
+    row_blocks += (m.w->rows + GemvPlan::kRowsPerBlock - 1) / GemvPlan::kRowsPerBlock;
+    what += (what.empty() ? "" : " + ") + shape_string(*m.w);
+  }
+  return plan_row_blocks(*members[0].w, row_blocks, multiprocessors, partial_capacity, options, what);
 }
 
 Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host) {

@@ -64,8 +64,31 @@
 // this version capped at 80 registers for 6 blocks/SM (spills): 3.5 TB/s, against 3.4 to 3.7 TB/s
 // (two runs) now. The layer matrices (2 to 30 MB) stay far from the copy bandwidth because a call is only
 // 0.5 to 7 us of transfer: the launch, the first load's latency and the split-K epilogue are a fixed ~3 us
-// (a 128x256 GEMV takes 2.8 to 2.9 us in a CUDA graph); overlapping consecutive kernels (programmatic
-// dependent launch: weights prefetched before the previous kernel ends) is the engine's next step.
+// (a 128x256 GEMV takes 2.8 to 2.9 us in a CUDA graph). The token generator's fused step attacks that fixed
+// cost three ways (below); bench/README.md has the measurements.
+//
+// Grouped launches (gemv_gptq_grouped). q/k/v (4096 + 1024 + 1024 rows for Llama-3.1-8B) and gate/up (2 x
+// 14336) read the same input: one grid covers all members' row blocks, each block picks its matrix from a
+// small table in the kernel arguments (selected with constant indices, so no local-memory copy), and
+// partial sums and arrival counters are indexed by the grid's row block. One launch, one first-load latency
+// and one split-K epilogue instead of three; the weights stay in each matrix's own GPTQ tensors.
+//
+// Fused input and output (GemvFusion). The step's element-wise ops ride along where the vector is touched
+// anyway: RMSNorm of x as x is staged (each block recomputes sum(x^2) over the whole 16 KB vector from L2,
+// 8 loads a thread in flight: cheaper than a kernel of its own, and no cross-block reduction), SiLU(gate) * up
+// as the down projection stages its input, and the residual add where each row's sum is final (y = residual
+// + sum, in place: the last block of a split-K row range, or the writer when there is no split). Numerics
+// are those of norm.cu and elementwise.cu, except the sum of squares' order.
+//
+// Overlap with the previous kernel (GemvOptions::overlap_previous, programmatic dependent launch,
+// programmatic_launch.cuh). A block first lets the next kernel launch, then issues what depends on nothing
+// earlier: its first two batches of weight loads (8 steps a thread, in registers), its group's scales and
+// zeros, and an L2 prefetch (cp.async.bulk.prefetch.L2, 512 bytes a packed word: one 128-row run) of the
+// rest of its first l2_prefetch_steps steps; only then does it wait for the previous kernel and read x. So
+// the weight stream of one GEMV starts while the kernel before it (attention, or the tail and split-K
+// epilogue of another GEMV) is finishing. Activations written by the previous kernel are read with
+// ld.global.cg (L2), never through a possibly stale L1 line. Outputs are bitwise the same with and without
+// overlap (tests/kernels_cuda_test.cc).
 //
 // Layout choice. The GPTQ layout is what this kernel wants: 16-byte loads, every byte of each 128-byte line
 // used, consecutive warps on consecutive lines, no repacking at load; the loads-only experiment above found
@@ -76,7 +99,9 @@
 #include <cstdint>
 
 #include "petrel/kernels/cuda/cuda_check.h"
+#include "petrel/kernels/cuda/dtype_load.cuh"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/programmatic_launch.cuh"
 
 namespace petrel::cuda {
 
@@ -90,24 +115,50 @@ constexpr int kUnroll = 4;        // the CUDA-core kernel: steps whose weight lo
 // the number of accumulations: the mma accumulators are added into float32 registers at least every 8 steps
 // (16 mmas, 256 inputs), also within a long group (per-channel).
 constexpr int kPromoteSteps = 8;
+constexpr int kMaxParts = kMaxGemvGroupMembers;
 static_assert(kRowsPerBlock == 128 && kThreads == 128, "both kernels map 128 threads onto 128 rows");
 
-struct GemvArgs {
+// One matrix of a launch: its tensors, its output, and the first block (blockIdx.x) of the grid that works on it.
+struct GemvPart {
   const int32_t* qweight;
   const uint16_t* scales;
   const int32_t* qzeros;
-  const float* x;
   float* y;
-  float* partials;     // [k_splits, rows] when k_splits > 1
-  uint32_t* counters;  // [row blocks], zero between launches
   int64_t rows;
+  int zero_offset;
+  int first_block;
+};
+
+struct GemvArgs {
+  GemvPart parts[kMaxParts];
+  int n_parts;
+  const float* x;
+  const float* up;          // GemvInput::kSiluMul
+  const void* norm_weight;  // GemvInput::kRmsNorm
+  WeightType norm_type;
+  float norm_eps;
+  const float* residual;  // y = residual + W input when not null (one part)
+  float* partials;        // [k_splits, gridDim.x * kRowsPerBlock] when k_splits > 1
+  uint32_t* counters;     // [gridDim.x], zero between launches
+  int64_t cols;
   int64_t words;        // packed words along the input: cols * bits / 32
   int64_t group_words;  // packed words per group
   int group_steps;      // steps per group (2^30, more than any matrix has, for per-channel)
-  int zero_offset;
   int k_splits;
   int steps_per_split;
+  int l2_prefetch_steps;
 };
+
+// The matrix block blockIdx.x works on. Unrolled over constant indices, so the parameter array is not copied
+// to local memory.
+__device__ __forceinline__ GemvPart block_part(const GemvArgs& a) {
+  GemvPart part = a.parts[0];
+#pragma unroll
+  for (int i = 1; i < kMaxParts; ++i) {
+    if (i < a.n_parts && static_cast<int>(blockIdx.x) >= a.parts[i].first_block) part = a.parts[i];
+  }
+  return part;
+}
 
 // 16 bytes of weights that no other thread reads: skip L1.
 __device__ __forceinline__ uint4 load_streaming(const int32_t* p) {
@@ -116,6 +167,14 @@ __device__ __forceinline__ uint4 load_streaming(const int32_t* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
+}
+
+// Asks `bytes` (a multiple of 16, 16-byte aligned) at p into L2, without waiting and without registers: the
+// weights a block will stream after its register batches, fetched while the previous kernel finishes.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
 }
 
 __device__ __forceinline__ uint32_t sub_f16x2(uint32_t a, uint32_t b) {
@@ -171,13 +230,13 @@ struct RowGroupParams {
 };
 
 template <int kBits>
-__device__ __forceinline__ RowGroupParams load_group_params(const GemvArgs& a, int64_t group, int64_t row, bool row_ok) {
+__device__ __forceinline__ RowGroupParams load_group_params(const GemvPart& m, int64_t group, int64_t row, bool row_ok) {
   RowGroupParams p;
   uint2 s = make_uint2(0, 0);
   uint32_t zeros = 0;
   if (row_ok) {
-    s = __ldg(reinterpret_cast<const uint2*>(a.scales + group * a.rows + row));
-    zeros = static_cast<uint32_t>(__ldg(a.qzeros + group * (a.rows * kBits / 32) + row * kBits / 32));
+    s = __ldg(reinterpret_cast<const uint2*>(m.scales + group * m.rows + row));
+    zeros = static_cast<uint32_t>(__ldg(m.qzeros + group * (m.rows * kBits / 32) + row * kBits / 32));
   }
   p.scale[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(s.x & 0xFFFFu)));
   p.scale[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(s.x >> 16)));
@@ -187,20 +246,30 @@ __device__ __forceinline__ RowGroupParams load_group_params(const GemvArgs& a, i
   const int shift = kBits == 4 ? 4 * static_cast<int>(row % 8) : 0;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    p.zero[r] = static_cast<int>((zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + a.zero_offset;
+    p.zero[r] = static_cast<int>((zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + m.zero_offset;
   }
   return p;
 }
 
-// Writes the 4 row sums a thread holds (rows row .. row + 3), or, with split-K, its partials, and lets the
-// last block of the row range reduce the slices. Every thread of the block calls it.
-__device__ __forceinline__ void finish_rows(const GemvArgs& a, int64_t row, float4 sums, bool writer) {
+// Writes the 4 row sums a thread holds (rows row .. row + 3 of its matrix), or, with split-K, its partials,
+// and lets the last block of the row range reduce the slices (adding the residual where there is one). Every
+// thread of the block calls it.
+__device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m, int64_t block_row0, int64_t row,
+                                            float4 sums, bool writer) {
   if (a.k_splits == 1) {
-    if (writer) *reinterpret_cast<float4*>(a.y + row) = sums;
+    if (writer) {
+      if (a.residual) {
+        const float4 r = __ldcg(reinterpret_cast<const float4*>(a.residual + row));
+        sums = make_float4(r.x + sums.x, r.y + sums.y, r.z + sums.z, r.w + sums.w);
+      }
+      *reinterpret_cast<float4*>(m.y + row) = sums;
+    }
     return;
   }
   __shared__ bool is_last_block;
-  if (writer) __stcg(reinterpret_cast<float4*>(a.partials + blockIdx.y * a.rows + row), sums);
+  const int64_t slice_stride = int64_t{gridDim.x} * kRowsPerBlock;  // partials of one input slice
+  const int64_t slot = int64_t{blockIdx.x} * kRowsPerBlock;         // this block's rows in a slice's partials
+  if (writer) __stcg(reinterpret_cast<float4*>(a.partials + blockIdx.y * slice_stride + slot + (row - block_row0)), sums);
   __threadfence();  // partials visible device-wide before this block is counted
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -211,11 +280,12 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, int64_t row, floa
   __syncthreads();
   if (!is_last_block) return;
   __threadfence();
-  const int64_t r = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x;
-  if (r < a.rows) {
+  const int64_t r = block_row0 + threadIdx.x;
+  if (r < m.rows) {
     float sum = 0.0f;
-    for (int s = 0; s < a.k_splits; ++s) sum += __ldcg(a.partials + s * a.rows + r);  // fixed order
-    a.y[r] = sum;
+    for (int s = 0; s < a.k_splits; ++s) sum += __ldcg(a.partials + s * slice_stride + slot + threadIdx.x);  // fixed order
+    if (a.residual) sum = __ldcg(a.residual + r) + sum;
+    m.y[r] = sum;
   }
 }
 
@@ -235,32 +305,89 @@ __device__ __forceinline__ Slice block_slice(const GemvArgs& a) {
 
 // The raw scales (4 fp16) and zeros word of this thread's 4 rows in `group`; zeros when `wanted` is false.
 template <int kBits>
-__device__ __forceinline__ void load_raw_params(const GemvArgs& a, int64_t group, int64_t row, bool wanted,
+__device__ __forceinline__ void load_raw_params(const GemvPart& m, int64_t group, int64_t row, bool wanted,
                                                 uint2& scales, uint32_t& zeros) {
   scales = make_uint2(0, 0);
   zeros = 0;
   if (wanted) {
-    scales = __ldg(reinterpret_cast<const uint2*>(a.scales + group * a.rows + row));
-    zeros = static_cast<uint32_t>(__ldg(a.qzeros + group * (a.rows * kBits / 32) + row * kBits / 32));
+    scales = __ldg(reinterpret_cast<const uint2*>(m.scales + group * m.rows + row));
+    zeros = static_cast<uint32_t>(__ldg(m.qzeros + group * (m.rows * kBits / 32) + row * kBits / 32));
+  }
+}
+
+// The kRmsNorm kernels keep the first kNormCacheVectors float4 of x (all of it up to 4096 elements) in static
+// shared memory from the sum-of-squares pass, so staging the slice does not go back to L2.
+constexpr int kNormCacheVectors = 1024;
+
+// 1 / sqrt(mean(x^2) + eps) over all cols elements of x, for the kRmsNorm input: every block recomputes it
+// from the whole vector (16 KB for Llama-3.1-8B, from L2: cheaper than a launch of its own), all loads issued
+// together. Float32 sums in a tree order, as norm.cu; the same expression for the result. Every thread calls it.
+template <GemvInput kInput>
+__device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cache) {
+  if constexpr (kInput != GemvInput::kRmsNorm) {
+    return 1.0f;
+  } else {
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    const int64_t n4 = a.cols / 4;  // cols % 4 == 0 (gemv_gptq_supports)
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+      const float4 v = __ldcg(x4 + i);
+      if (i < kNormCacheVectors) x_cache[i] = v;
+      sum = fmaf(v.x, v.x, sum);
+      sum = fmaf(v.y, v.y, sum);
+      sum = fmaf(v.z, v.z, sum);
+      sum = fmaf(v.w, v.w, sum);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+    __shared__ float warp_sums[kThreads / 32];
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kThreads / 32; ++k) total += warp_sums[k];
+    return 1.0f / sqrtf(total / static_cast<float>(a.cols) + a.norm_eps);
+  }
+}
+
+// Elements 4 i .. 4 i + 3 of the product's input, the fused op applied (numerics as norm.cu / elementwise.cu).
+// x (and up) were written by the previous kernel: read through L2 (programmatic_launch.cuh).
+template <GemvInput kInput>
+__device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, float inv_rms, const float4* x_cache) {
+  if constexpr (kInput == GemvInput::kRmsNorm) {
+    const float4 v = i < kNormCacheVectors ? x_cache[i] : __ldcg(reinterpret_cast<const float4*>(a.x) + i);
+    const float w0 = load_widened(a.norm_weight, a.norm_type, 4 * i), w1 = load_widened(a.norm_weight, a.norm_type, 4 * i + 1),
+                w2 = load_widened(a.norm_weight, a.norm_type, 4 * i + 2), w3 = load_widened(a.norm_weight, a.norm_type, 4 * i + 3);
+    return make_float4(w0 * (v.x * inv_rms), w1 * (v.y * inv_rms), w2 * (v.z * inv_rms), w3 * (v.w * inv_rms));
+  } else if constexpr (kInput == GemvInput::kSiluMul) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(a.x) + i);
+    const float4 u = __ldcg(reinterpret_cast<const float4*>(a.up) + i);
+    return make_float4(v.x / (1.0f + expf(-v.x)) * u.x, v.y / (1.0f + expf(-v.y)) * u.y,
+                       v.z / (1.0f + expf(-v.z)) * u.z, v.w / (1.0f + expf(-v.w)) * u.w);
+  } else {
+    return __ldcg(reinterpret_cast<const float4*>(a.x) + i);
   }
 }
 
 // Steps of weights whose loads are issued together; two such batches are in flight (ping-pong registers).
 constexpr int kBatch = 4;
 
-template <int kBits>
+template <int kBits, GemvInput kInput>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
+  allow_dependent_launch();
+  const GemvPart m = block_part(a);
+  const int64_t block_row0 = int64_t{static_cast<int>(blockIdx.x) - m.first_block} * kRowsPerBlock;
   const Slice slice = block_slice(a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + warp * 32 + 4 * quad_row;  // this thread's 4 rows
-  const bool row_ok = row < a.rows;
+  const int64_t row = block_row0 + warp * 32 + 4 * quad_row;  // this thread's 4 rows
+  const bool row_ok = row < m.rows;
   // Steps in which this thread's word exists (the matrix's last step may have fewer than 4 words).
   const int64_t thread_words = a.words - slice.first_word - quad_col;
   const int thread_steps = static_cast<int>(
       min(int64_t{slice.steps}, thread_words > 0 ? (thread_words + kWordsPerStep - 1) / kWordsPerStep : 0));
-  const int32_t* weights = a.qweight + (slice.first_word + quad_col) * a.rows + row;
-  const int64_t step_stride = kWordsPerStep * a.rows;
+  const int32_t* weights = m.qweight + (slice.first_word + quad_col) * m.rows + row;
+  const int64_t step_stride = kWordsPerStep * m.rows;
   auto load_batch = [&](uint4 (&batch)[kBatch], int first) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -268,9 +395,10 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       batch[u] = row_ok && s < thread_steps ? load_streaming(weights + s * step_stride) : make_uint4(0, 0, 0, 0);
     }
   };
-  // The first batch goes out before anything else: it depends on nothing.
+  // The first two batches go out before anything else: they depend on nothing, not even the previous kernel.
   uint4 ping[kBatch], pong[kBatch];
   load_batch(ping, 0);
+  load_batch(pong, kBatch);
 
   // This group's scales and zeros, and the next group's, loaded while this one is computed.
   const int64_t first_step = slice.first_word / kWordsPerStep;
@@ -278,21 +406,41 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   int steps_to_group = static_cast<int>(a.group_steps - first_step % a.group_steps);  // to the next group start
   uint2 raw_scales, next_scales;
   uint32_t raw_zeros, next_zeros;
-  load_raw_params<kBits>(a, group, row, row_ok, raw_scales, raw_zeros);
-  load_raw_params<kBits>(a, group + 1, row, row_ok && steps_to_group < slice.steps, next_scales, next_zeros);
+  load_raw_params<kBits>(m, group, row, row_ok, raw_scales, raw_zeros);
+  load_raw_params<kBits>(m, group + 1, row, row_ok && steps_to_group < slice.steps, next_scales, next_zeros);
+
+  // The rest of the block's first l2_prefetch_steps steps into L2: one 128-row line run (512 bytes at 4 bytes
+  // a row) per packed word.
+  {
+    const int prefetch_words = min(slice.steps, a.l2_prefetch_steps) * kWordsPerStep;
+    const uint32_t run_bytes = static_cast<uint32_t>(min(int64_t{kRowsPerBlock}, m.rows - block_row0)) * 4;
+    for (int i = 2 * kBatch * kWordsPerStep + threadIdx.x; i < prefetch_words; i += kThreads) {
+      const int64_t word = slice.first_word + i;
+      if (word < a.words) prefetch_l2(m.qweight + word * m.rows + block_row0, run_bytes);
+    }
+  }
+
+  // Everything above reads only weights; x is the previous kernel's output.
+  wait_for_previous_kernel();
+  float4* x_cache = nullptr;
+  if constexpr (kInput == GemvInput::kRmsNorm) {
+    __shared__ float4 norm_cache[kNormCacheVectors];
+    x_cache = norm_cache;
+  }
+  const float inv_rms = input_inv_rms<kInput>(a, x_cache);
 
   // x of this slice in fp16, per word in fragment order: 4-bit {x0,x4},{x1,x5},{x2,x6},{x3,x7}; 8-bit
   // {x0,x2},{x1,x3}. Zero past the last word, where the weights read as zero codes (code - zero != 0).
   constexpr int kRegsPerWord = kBits == 4 ? 4 : 2;
   extern __shared__ uint4 shared_words[];
   uint32_t* x_staged = reinterpret_cast<uint32_t*>(shared_words);
-  const float4* x4 = reinterpret_cast<const float4*>(a.x);
   for (int i = threadIdx.x; i < slice.steps * kWordsPerStep; i += kThreads) {
     const int64_t word = slice.first_word + i;
     if constexpr (kBits == 4) {
       uint4 frag = make_uint4(0, 0, 0, 0);
       if (word < a.words) {
-        const float4 lo = __ldg(x4 + 2 * word), hi = __ldg(x4 + 2 * word + 1);
+        const float4 lo = load_input4<kInput>(a, 2 * word, inv_rms, x_cache),
+                    hi = load_input4<kInput>(a, 2 * word + 1, inv_rms, x_cache);
         frag = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z),
                           pack_half2(lo.w, hi.w));
       }
@@ -300,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     } else {
       uint2 frag = make_uint2(0, 0);
       if (word < a.words) {
-        const float4 v = __ldg(x4 + word);
+        const float4 v = load_input4<kInput>(a, word, inv_rms, x_cache);
         frag = make_uint2(pack_half2(v.x, v.z), pack_half2(v.y, v.w));
       }
       reinterpret_cast<uint2*>(x_staged)[i] = frag;
@@ -328,7 +476,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
-      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + a.zero_offset;
+      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + m.zero_offset;
       bias_low[r] = (0x6400u + zero) * 0x00010001u;        // {1024 + z} x2
       bias_high[r] = (0xD400u + 16u * zero) * 0x00010001u;  // {-(64 + z)} x2
     }
@@ -347,7 +495,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
         raw_zeros = next_zeros;
         decode_params();
         steps_to_group = a.group_steps;
-        load_raw_params<kBits>(a, group + 1, row, row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
+        load_raw_params<kBits>(m, group + 1, row, row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
       } else if (steps_in_acc == kPromoteSteps) {
         promote();
       }
@@ -379,26 +527,27 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
 
-  // Two batches in flight: the next batch's loads are issued before this one's arithmetic.
+  // Two batches in flight: while one is computed, the other's loads are outstanding.
   for (int first = 0; first < slice.steps; first += 2 * kBatch) {
-    if (first + kBatch < slice.steps) load_batch(pong, first + kBatch);
     compute_batch(ping, first);
     if (first + 2 * kBatch < slice.steps) load_batch(ping, first + 2 * kBatch);
     if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
+    if (first + 3 * kBatch < slice.steps) load_batch(pong, first + 3 * kBatch);
   }
   promote();
   // Every thread of a quad holds the same sums (all D columns are equal); the first writes them.
-  finish_rows(a, row, make_float4(total[0], total[1], total[2], total[3]), row_ok && quad_col == 0);
+  finish_rows(a, m, block_row0, row, make_float4(total[0], total[1], total[2], total[3]), row_ok && quad_col == 0);
 }
 
 // The baseline: lane l of every warp owns rows 4l .. 4l + 3 of the block's 128; warp k takes word k of each
 // step; float32 x, one FMA per weight, the zero folded into the magic-number conversion:
-// float(0x4B000000 | code) - (2^23 + zero) = code - zero exactly.
+// float(0x4B000000 | code) - (2^23 + zero) = code - zero exactly. One matrix, plain input, no overlap.
 template <int kBits>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a) {
   constexpr int kCodes = 32 / kBits;
   constexpr int kVectorsPerWord = kCodes / 4;  // float4 of x per word
   extern __shared__ float4 x_shared[];
+  const GemvPart& m = a.parts[0];
   const Slice slice = block_slice(a);
   const float4* x4 = reinterpret_cast<const float4*>(a.x);
   for (int64_t i = threadIdx.x; i < slice.steps * kWordsPerStep * kVectorsPerWord; i += kThreads) {
@@ -408,10 +557,11 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + 4 * lane;
-  const bool row_ok = row < a.rows;
-  const int32_t* weights = a.qweight + (slice.first_word + warp) * a.rows + row;
-  const int64_t step_stride = kWordsPerStep * a.rows;
+  const int64_t block_row0 = int64_t{blockIdx.x} * kRowsPerBlock;
+  const int64_t row = block_row0 + 4 * lane;
+  const bool row_ok = row < m.rows;
+  const int32_t* weights = m.qweight + (slice.first_word + warp) * m.rows + row;
+  const int64_t step_stride = kWordsPerStep * m.rows;
   constexpr uint32_t kMask = (1u << kBits) - 1;
 
   float acc[4] = {0, 0, 0, 0}, total[4] = {0, 0, 0, 0};
@@ -438,7 +588,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
             acc[r] = 0.0f;
           }
         }
-        params = load_group_params<kBits>(a, step_group, row, row_ok);
+        params = load_group_params<kBits>(m, step_group, row, row_ok);
 #pragma unroll
         for (int r = 0; r < 4; ++r) bias[r] = 8388608.0f + static_cast<float>(params.zero[r]);
         group = step_group;
@@ -474,53 +624,116 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
     const float4 o = warp_sums[k][lane];
     sums = make_float4(sums.x + o.x, sums.y + o.y, sums.z + o.z, sums.w + o.w);
   }
-  finish_rows(a, row, sums, row_ok && warp == 0);
+  finish_rows(a, m, block_row0, row, sums, row_ok && warp == 0);
 }
 
-}  // namespace
+template <int kBits>
+cudaError_t launch_tensor_core(GemvInput input, dim3 grid, size_t shared, cudaStream_t stream, bool overlap,
+                               const GemvArgs& args) {
+  switch (input) {
+    case GemvInput::kRmsNorm:
+      return launch_kernel(gemv_gptq_tensor_core<kBits, GemvInput::kRmsNorm>, grid, kThreads, shared, stream, overlap, args);
+    case GemvInput::kSiluMul:
+      return launch_kernel(gemv_gptq_tensor_core<kBits, GemvInput::kSiluMul>, grid, kThreads, shared, stream, overlap, args);
+    case GemvInput::kPlain:
+      break;
+  }
+  return launch_kernel(gemv_gptq_tensor_core<kBits, GemvInput::kPlain>, grid, kThreads, shared, stream, overlap, args);
+}
 
-Status gemv_gptq(const DeviceGptqMatrix& w, const float* x, float* y, GemvWorkspace& workspace, Stream stream,
-                 const GemvOptions& options) {
-  PETREL_ASSIGN_OR_RETURN(GemvPlan plan,
-                          plan_gemv_gptq(w, workspace.multiprocessors(), workspace.partial_capacity(), options));
-  if (!w.qweight || !w.scales || !w.qzeros || !x || !y) return invalid_argument("gemv_gptq: null device pointer");
-  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-  if ((address(w.qweight) | address(x) | address(y)) % 16 != 0 || address(w.scales) % 8 != 0) {
-    return invalid_argument("gemv_gptq: qweight, x and y must be 16-byte aligned and scales 8-byte aligned");
+uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& plan, const float* x,
+                   GemvWorkspace& workspace, Stream stream, const GemvOptions& options, const GemvFusion& fusion) {
+  const DeviceGptqMatrix& first = *members[0].w;
+  const std::string what = "gemv_gptq (" + std::to_string(first.bits) + "-bit, " + std::to_string(members.size()) +
+                           (members.size() == 1 ? " matrix [" : " matrices, the first [") + std::to_string(first.rows) +
+                           ", " + std::to_string(first.cols) + "])";
+  if (!x) return invalid_argument(what + ": null input");
+  if (address(x) % 16 != 0) return invalid_argument(what + ": x must be 16-byte aligned");
+  for (const GemvGroupMember& member : members) {
+    const DeviceGptqMatrix& w = *member.w;
+    if (!w.qweight || !w.scales || !w.qzeros || !member.y) return invalid_argument(what + ": null device pointer");
+    if ((address(w.qweight) | address(member.y)) % 16 != 0 || address(w.scales) % 8 != 0) {
+      return invalid_argument(what + ": qweight, x and y must be 16-byte aligned and scales 8-byte aligned");
+    }
+  }
+  const bool tensor_core = options.algorithm == GemvAlgorithm::kTensorCore;
+  const bool fused = fusion.input != GemvInput::kPlain || fusion.residual;
+  if (!tensor_core && (fused || members.size() > 1)) {
+    return unsupported(what + ": fused inputs, residuals and grouped matrices need the tensor-core kernel");
+  }
+  if (fusion.residual && members.size() > 1) return invalid_argument(what + ": a residual needs a single matrix");
+  if (fusion.residual && address(fusion.residual) % 16 != 0) return invalid_argument(what + ": residual must be 16-byte aligned");
+  WeightType norm_type = WeightType::kF32;
+  if (fusion.input == GemvInput::kRmsNorm) {
+    PETREL_ASSIGN_OR_RETURN(norm_type, weight_type(fusion.norm_weight.dtype, "gemv_gptq RMSNorm weight"));
+    if (!fusion.norm_weight.data || fusion.norm_weight.size != first.cols) {
+      return invalid_argument(what + ": the RMSNorm weight must have cols (" + std::to_string(first.cols) +
+                              ") elements, it has " + std::to_string(fusion.norm_weight.size));
+    }
+  }
+  if (fusion.input == GemvInput::kSiluMul && (!fusion.up || address(fusion.up) % 16 != 0)) {
+    return invalid_argument(what + ": SiLU*up needs a 16-byte aligned up vector");
   }
   if (plan.k_splits > 1 && plan.row_blocks > workspace.counter_capacity()) {
     return out_of_range("gemv_gptq: " + std::to_string(plan.row_blocks) + " row blocks exceed the workspace's " +
                         std::to_string(workspace.counter_capacity()) + " counters");
   }
-  const GemvArgs args{w.qweight,
-                      w.scales,
-                      w.qzeros,
-                      x,
-                      y,
-                      workspace.partials(),
-                      workspace.counters(),
-                      w.rows,
-                      w.cols / (32 / w.bits),
-                      w.group_size / (32 / w.bits),
-                      static_cast<int>(w.group_size == w.cols ? int64_t{1} << 30 : w.group_size / (32 / w.bits) / kWordsPerStep),
-                      w.zero_offset,
-                      plan.k_splits,
-                      static_cast<int>(plan.steps_per_split)};
+  GemvArgs args{};
+  int block = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const DeviceGptqMatrix& w = *members[i].w;
+    args.parts[i] = GemvPart{w.qweight, w.scales, w.qzeros, members[i].y, w.rows, w.zero_offset, block};
+    block += static_cast<int>((w.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  }
+  args.n_parts = static_cast<int>(members.size());
+  args.x = x;
+  args.up = fusion.up;
+  args.norm_weight = fusion.norm_weight.data;
+  args.norm_type = norm_type;
+  args.norm_eps = fusion.norm_eps;
+  args.residual = fusion.residual;
+  args.partials = workspace.partials();
+  args.counters = workspace.counters();
+  args.cols = first.cols;
+  args.words = first.cols / (32 / first.bits);
+  args.group_words = first.group_size / (32 / first.bits);
+  args.group_steps = static_cast<int>(first.group_size == first.cols ? int64_t{1} << 30
+                                                                     : first.group_size / (32 / first.bits) / kWordsPerStep);
+  args.k_splits = plan.k_splits;
+  args.steps_per_split = static_cast<int>(plan.steps_per_split);
+  args.l2_prefetch_steps = options.l2_prefetch_steps > 0 ? options.l2_prefetch_steps : 0;
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
   const size_t shared = static_cast<size_t>(plan.shared_bytes);
-  if (options.algorithm == GemvAlgorithm::kTensorCore) {
-    if (w.bits == 4) gemv_gptq_tensor_core<4><<<grid, kThreads, shared, stream>>>(args);
-    else gemv_gptq_tensor_core<8><<<grid, kThreads, shared, stream>>>(args);
+  cudaError_t error = cudaSuccess;
+  if (tensor_core) {
+    error = first.bits == 4 ? launch_tensor_core<4>(fusion.input, grid, shared, stream, options.overlap_previous, args)
+                            : launch_tensor_core<8>(fusion.input, grid, shared, stream, options.overlap_previous, args);
   } else {
-    if (w.bits == 4) gemv_gptq_cuda_core<4><<<grid, kThreads, shared, stream>>>(args);
+    // The baseline never waits for a previous kernel, so it is never launched to overlap one.
+    if (first.bits == 4) gemv_gptq_cuda_core<4><<<grid, kThreads, shared, stream>>>(args);
     else gemv_gptq_cuda_core<8><<<grid, kThreads, shared, stream>>>(args);
+    error = cudaGetLastError();
   }
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) {
-    return cuda_status(error, "gemv_gptq launch (" + std::to_string(w.bits) + "-bit [" + std::to_string(w.rows) + ", " +
-                                  std::to_string(w.cols) + "])");
-  }
-  return ok_status();
+  return cuda_status(error, what + " launch");
+}
+
+}  // namespace
+
+Status gemv_gptq(const DeviceGptqMatrix& w, const float* x, float* y, GemvWorkspace& workspace, Stream stream,
+                 const GemvOptions& options, const GemvFusion& fusion) {
+  PETREL_ASSIGN_OR_RETURN(GemvPlan plan,
+                          plan_gemv_gptq(w, workspace.multiprocessors(), workspace.partial_capacity(), options));
+  const GemvGroupMember member{&w, y};
+  return launch_gemv(std::span<const GemvGroupMember>(&member, 1), plan, x, workspace, stream, options, fusion);
+}
+
+Status gemv_gptq_grouped(std::span<const GemvGroupMember> members, const float* x, GemvWorkspace& workspace,
+                         Stream stream, const GemvOptions& options, const GemvFusion& fusion) {
+  PETREL_ASSIGN_OR_RETURN(GemvPlan plan, plan_gemv_gptq_grouped(members, workspace.multiprocessors(),
+                                                                 workspace.partial_capacity(), options));
+  return launch_gemv(members, plan, x, workspace, stream, options, fusion);
 }
 
 }  // namespace petrel::cuda

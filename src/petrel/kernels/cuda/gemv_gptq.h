@@ -11,8 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/util/status.h"
 
@@ -58,9 +60,39 @@ enum class GemvAlgorithm {
   kCudaCore,    // float32 FMA per weight, float32 x: the plain column-per-thread kernel, kept as a baseline
 };
 
+// The default of GemvOptions::l2_prefetch_steps (gemv_gptq.cu says why).
+inline constexpr int kDefaultL2PrefetchSteps = 16;
+
 struct GemvOptions {
   GemvAlgorithm algorithm = GemvAlgorithm::kTensorCore;
   int k_splits = 0;  // blocks along the input dimension; 0: chosen from the shape and the multiprocessor count
+  // Programmatic dependent launch (Hopper and later; ignored before): the kernel may start while the previous
+  // kernel on the stream is still running. Each block issues its first weight loads (and the L2 prefetch
+  // below), then waits for the previous kernel to complete (griddepcontrol.wait) before it reads x or writes
+  // anything, so the result is the same as without overlap. Every kernel of the token generator's fused step
+  // waits likewise, which is what makes chains of such launches safe (gemv_gptq.cu).
+  bool overlap_previous = false;
+  // Steps (of 4 packed input words) of each block's slice of the weights asked into L2 before that wait,
+  // beyond the two batches of 4 steps each thread loads into registers (tensor-core kernel only; 0: none).
+  int l2_prefetch_steps = kDefaultL2PrefetchSteps;
+};
+
+// What a GEMV does to its input as it stages it and to its output as it writes it: the token generator's
+// element-wise steps fused into the matrix products around them (tensor-core kernel only).
+enum class GemvInput {
+  kPlain,    // x as given
+  kRmsNorm,  // ref::rms_norm of x as one row of cols: norm_weight * (x * (1 / sqrt(mean(x^2) + norm_eps)))
+  kSiluMul,  // ref::silu_mul(x, up): x is the gate projection, up the up projection, both [cols]
+};
+
+struct GemvFusion {
+  GemvInput input = GemvInput::kPlain;
+  DeviceVector norm_weight;   // kRmsNorm: [cols], F32, F16 or BF16
+  float norm_eps = 0.0f;      // kRmsNorm
+  const float* up = nullptr;  // kSiluMul: [cols], 16-byte aligned
+  // When set, y = residual + W input, the sum written where each row is finished: the residual stream
+  // updated in place when residual == y. Single-matrix launches only.
+  const float* residual = nullptr;
 };
 
 // Scratch memory for the split-K reduction and the per-block arrival counters. One workspace per stream:
@@ -101,6 +133,25 @@ Result<GemvPlan> plan_gemv_gptq(const DeviceGptqMatrix& w, int multiprocessors, 
 // aligned. Checks shapes before the launch and returns launch errors; errors during execution surface at the
 // next synchronizing call. Every element of y is written.
 Status gemv_gptq(const DeviceGptqMatrix& w, const float* x, float* y, GemvWorkspace& workspace,
-                 Stream stream = nullptr, const GemvOptions& options = {});
+                 Stream stream = nullptr, const GemvOptions& options = {}, const GemvFusion& fusion = {});
+
+// One matrix of a grouped GEMV and where its product goes.
+struct GemvGroupMember {
+  const DeviceGptqMatrix* w = nullptr;
+  float* y = nullptr;  // [w->rows], 16-byte aligned
+};
+inline constexpr int kMaxGemvGroupMembers = 3;
+
+// y_i = W_i op(x) for up to kMaxGemvGroupMembers matrices that read the same input (q/k/v, gate/up) in ONE
+// launch: the grid covers every member's row blocks and each block finds its matrix, so the small matrices
+// do not each pay a launch, a first-load latency and a split-K epilogue. Members must agree on bits, cols
+// and group_size (zero_offset may differ); each stays in its own GPTQ tensors. fusion.residual needs a
+// single member.
+Status gemv_gptq_grouped(std::span<const GemvGroupMember> members, const float* x, GemvWorkspace& workspace,
+                         Stream stream = nullptr, const GemvOptions& options = {}, const GemvFusion& fusion = {});
+
+// The plan gemv_gptq_grouped would use (all members' row blocks side by side in one grid).
+Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members, int multiprocessors,
+                                        int64_t partial_capacity, const GemvOptions& options = {});
 
 }  // namespace petrel::cuda

@@ -1,0 +1,58 @@
+// kernels/cuda internal: programmatic dependent launch (PDL), the overlap of consecutive kernels on one stream
+// that the token generator's fused step uses (gemv_gptq.cu, attention.cu). Only for files built with CUDA.
+//
+// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start before the kernel ahead
+// of it on the stream has finished: as soon as every block of that kernel has executed
+// allow_dependent_launch() (or exited). Its blocks then run what does not depend on the previous kernel (weight
+// loads, L2 prefetches) and call wait_for_previous_kernel(), which returns once the previous kernel has
+// completed and its memory writes are visible. Inside stream capture the attribute becomes a programmatic
+// edge of the CUDA graph (CUDA 12.3 and later), so replayed steps overlap too.
+//
+// Rules a kernel launched this way follows, so that a chain of them stays correct:
+//  - nothing written by an earlier kernel is read, and nothing at all is written, before the wait;
+//  - every block waits before it exits, except blocks that do no work when some block of the grid waits (the
+//    grid then still completes after its predecessor, so the next kernel's wait covers both);
+//  - data written by the previous kernel is read through L2 (ld.global.cg), not a possibly stale L1 line.
+// Without the attribute (or before Hopper, where both instructions compile to nothing) the kernel behaves as
+// an ordinary launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace petrel::cuda {
+
+// The next kernel on the stream (if launched with overlap) may start its blocks once all blocks of this grid
+// have called this. Called first thing: the dependent kernel's own wait still orders its reads.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Returns once the kernel this one overlaps has completed and its writes are visible; at once without overlap.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...), with programmatic stream serialization when `overlap`.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                          bool overlap, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace petrel::cuda
