@@ -227,7 +227,9 @@ TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
       ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
       EXPECT_EQ(a->tokens, b->tokens) << "turn " << turn;
       EXPECT_EQ(a->stats.reused_tokens, b->stats.reused_tokens);
-      if (turn == 1) EXPECT_GT(b->stats.reused_tokens, 0);
+      if (turn == 1) {
+        EXPECT_GT(b->stats.reused_tokens, 0);
+      }
       EXPECT_EQ(cpu.position(), (*gpu)->position());
       messages.push_back({{"role", "assistant"}, {"content", a->text}});
       messages.push_back({{"role", "user"}, {"content", "And lakes?"}});

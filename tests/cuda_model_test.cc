@@ -98,8 +98,11 @@ std::vector<float> cpu_logits(const LlamaModel& model, const std::vector<int32_t
   return all;
 }
 
+// The token generator's logits for every token (prefill_chunk 0: one decode step per token; the prompt
+// processor has its own tests in prefill_cuda_test.cc).
 std::vector<float> cuda_logits(const LlamaModel& model, const std::vector<int32_t>& tokens, CudaModelOptions options) {
   options.context_length = static_cast<int64_t>(tokens.size());
+  options.prefill_chunk = 0;
   auto gpu = CudaModel::create(model, options);
   EXPECT_TRUE(gpu.ok()) << gpu.status().to_string();
   if (!gpu.ok()) return {};
@@ -208,6 +211,44 @@ TEST_P(CudaModelGptq, QuantizedTinyLlamaAgreesWithCpuTokenGenerator) {
   EXPECT_EQ(direct, gpu);
 }
 
+// The fused decode step (five launches per layer, overlapped) against the unfused one on the same checkpoint:
+// the same formulas except the RMSNorm's sum of squares in another order, which can move an activation's fp16
+// rounding by a step. Overlap and L2 prefetch change no arithmetic: bitwise the same logits.
+TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const int64_t group = GetParam();
+  testing::TempDir dir("cuda_fused_" + std::to_string(group < 0 ? 0 : group));
+  quant::QuantizeOptions q;
+  q.method = quant::QuantMethod::kRtn;
+  q.scheme.group_size = group;
+  q.show_progress = false;
+  const auto out = dir / "q";
+  Status quantized = quant::quantize_checkpoint(data_dir() / "models/tiny-llama31", out, q);
+  ASSERT_TRUE(quantized.ok()) << quantized.to_string();
+  auto model = LlamaModel::load(out);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
+  const int64_t vocab = (*model)->config().vocab_size, n = static_cast<int64_t>(tokens.size());
+  CudaModelOptions unfused;
+  unfused.fused_step = false;
+  unfused.attention_split = 8;  // many splits: the fused kernel's last-block combine at every step
+  const std::vector<float> reference = cuda_logits(**model, tokens, unfused);
+  CudaModelOptions fused = unfused;
+  fused.fused_step = true;
+  const std::vector<float> overlapped = cuda_logits(**model, tokens, fused);
+  ASSERT_EQ(overlapped.size(), reference.size());
+  const Agreement a = compare(overlapped, reference.data(), n, vocab);
+  print("tiny-llama31 W4 " + std::string(group < 0 ? "per-channel" : "g" + std::to_string(group)) + " fused vs unfused", a);
+  EXPECT_LE(a.relative_l2, 2e-4);
+  EXPECT_EQ(a.argmax_mismatches, 0);
+  CudaModelOptions serial = fused;
+  serial.overlap_kernels = false;
+  serial.gemv_l2_prefetch_steps = 0;
+  EXPECT_EQ(cuda_logits(**model, tokens, serial), overlapped);
+  serial.use_graph = false;
+  EXPECT_EQ(cuda_logits(**model, tokens, serial), overlapped);
+}
+
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),
                          [](const auto& info) { return info.param < 0 ? std::string("PerChannel") : "G" + std::to_string(info.param); });
 
@@ -217,6 +258,7 @@ TEST(CudaModel, RejectsBadTokensAndAFullContextChangingNothing) {
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   CudaModelOptions options;
   options.context_length = 4;
+  options.prefill_chunk = 0;  // forward() through the decode step, so that a replayed decode matches it bitwise
   auto gpu = CudaModel::create(**model, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   std::vector<float> logits;
@@ -264,10 +306,10 @@ TEST(CudaModel, AidreamsGreedyGenerationMatchesTheCpu) {
   EXPECT_EQ(generated, expected);
 }
 
-// `petrel bench --backend cuda`: tg on the GPU where there is one, a clear error where there is none.
+// `petrel bench --backend cuda`: pp and tg on the GPU where there is one, a clear error where there is none.
 TEST(CudaModel, BenchBackendCudaRunsTgOrSaysWhyNot) {
   const std::string model = (data_dir() / "models/tiny-llama31").string();
-  const std::string bench = testing::cli() + " bench " + model + " -p 0 -n 4 -r 1 -o json --backend ";
+  const std::string bench = testing::cli() + " bench " + model + " -p 8 -n 4 -r 1 -o json --backend ";
   auto bad = testing::run_command(bench + "tpu");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--backend must be cpu or cuda"), std::string::npos) << bad.output;
@@ -280,6 +322,7 @@ TEST(CudaModel, BenchBackendCudaRunsTgOrSaysWhyNot) {
   }
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"backend\": \"cuda\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"test\": \"pp8\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"test\": \"tg4\""), std::string::npos) << r.output;
 }
 

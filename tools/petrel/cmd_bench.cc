@@ -32,7 +32,7 @@ struct BenchFlags {
   int threads = 0;
   std::string output = "md";
   int64_t chunk_size = 128;
-  std::string backend = "cpu";  // cpu, or cuda: the token generator on GPU 0 (model/cuda_model.h), tg only
+  std::string backend = "cpu";  // cpu, or cuda: GPU 0 (model/cuda_model.h)
 };
 
 struct BenchRow {
@@ -69,12 +69,13 @@ int run_bench(const BenchFlags& f) {
   const LlamaConfig& c = (*model)->config();
   std::unique_ptr<CudaModel> gpu;  // --backend cuda: weights uploaded once, KV cache on the GPU
   if (f.backend == "cuda") {
-    if (!pp->empty()) std::fprintf(stderr, "bench: --backend cuda measures tg only (no GPU prompt processor yet); pp tests skipped\n");
-    pp->clear();
     int64_t longest = 1;
     for (int64_t n : *tg) longest = std::max(longest, n);
+    for (int64_t n : *pp) longest = std::max(longest, n);
     CudaModelOptions options;
     options.context_length = longest;
+    // The whole prompt in one chunk (llama-bench's pp is one batch of n tokens), up to 512 at a time.
+    options.prefill_chunk = std::min<int64_t>(longest, 512);
     auto created = CudaModel::create(**model, options);
     if (!created.ok()) return report_error(cmd, created.status());
     gpu = std::move(created).value();
@@ -86,6 +87,13 @@ int run_bench(const BenchFlags& f) {
   auto time_pp = [&](int64_t n) -> Result<double> {
     std::vector<int32_t> tokens(n);
     for (auto& t : tokens) t = token(rng);
+    if (gpu) {  // the prompt processor on the GPU; the last row's logits reach the host, as on the CPU
+      gpu->reset();
+      std::vector<float> logits;
+      const auto start = std::chrono::steady_clock::now();
+      PETREL_RETURN_IF_ERROR(gpu->forward(tokens, LogitsMode::kLast, &logits));
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(std::max<int64_t>(n, 1), c.max_position_embeddings),
                                                                         kv_type_of(f.kv_type)));
     std::vector<float> logits;
@@ -241,7 +249,7 @@ void add_bench_command(CLI::App& app, CliContext& ctx) {
   cmd->add_flag("--bandwidth", f->bandwidth,
                 "Also measure the machine's read bandwidth and report bytes read per generated token against it");
   cmd->add_option("--chunk-size", f->chunk_size, "Prompt processor sequence length")->capture_default_str();
-  cmd->add_option("--backend", f->backend, "cpu, or cuda (GPU 0; tg tests only)")->capture_default_str();
+  cmd->add_option("--backend", f->backend, "cpu, or cuda (GPU 0: prompt processor and token generator of model/cuda_model.h)")->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_bench(*f); });
 }
 

@@ -11,6 +11,7 @@
 #include "petrel/kernels/cuda/attention.h"
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/kernels/cuda/elementwise.h"
+#include "petrel/kernels/cuda/gemm.h"
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/norm.h"
@@ -99,7 +100,24 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length) {
+// Bytes of prefill attention workspace for chunks of `chunk` tokens: enough for a whole chunk over the whole
+// context, capped at kMaxPrefillAttentionBytes (late chunks of a long context are then cut shorter).
+constexpr int64_t kMaxPrefillAttentionBytes = int64_t{1} << 30;
+int64_t prefill_attention_bytes(const LlamaConfig& c, int64_t chunk, int64_t context_length) {
+  const cuda::PrefillAttentionShape shape{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+  return std::min(cuda::prefill_attention_workspace_bytes(shape, chunk, context_length), kMaxPrefillAttentionBytes);
+}
+
+// Activations of `chunk` prompt tokens (float32): x, normed, proj [hidden]; q, attn [q_dim]; k, v [kv_dim];
+// gate, up [intermediate]; plus the token ids.
+int64_t prefill_activation_bytes(const LlamaConfig& c, int64_t chunk) {
+  return chunk * (4 * (3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size) + 4);
+}
+
+constexpr int64_t kGemmScratchBytes = int64_t{256} << 20;  // GemmWorkspace's scratch (gemm.h), plus 32 MiB cuBLAS
+constexpr int64_t kGemmWorkspaceBytes = kGemmScratchBytes + (int64_t{32} << 20);
+
+GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, int64_t prefill_chunk) {
   const LlamaConfig& c = model.config();
   const LlamaWeights& w = model.weights();
   GpuMemoryNeed need;
@@ -118,6 +136,11 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length) {
   // headroom for the GEMV workspaces, the graph and the allocator's rounding.
   need.scratch_bytes = 4 * (4 * c.hidden_size + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size + 2 * c.vocab_size) +
                        4 * c.num_attention_heads * (need.context_length / 16 + 1) * (c.head_dim + 2) + (int64_t{64} << 20);
+  if (prefill_chunk > 1) {
+    const int64_t chunk = std::min(prefill_chunk, need.context_length);
+    need.scratch_bytes += prefill_activation_bytes(c, chunk) + prefill_attention_bytes(c, chunk, need.context_length) +
+                          kGemmWorkspaceBytes;
+  }
   return need;
 }
 
@@ -157,6 +180,28 @@ struct CudaModel::State {
   cuda::DeviceBuffer step_input;  // int32 {token, position}
   cuda::DeviceBuffer x, normed, q, k, v, attn, proj, gate, up, logits, attention_workspace;
   cuda::PinnedBuffer host_logits;
+  // The fused decode step (options.fused_step on a checkpoint whose decoder linears are all GPTQ):
+  // uint32 [n_kv_heads] split arrival counters of decode_attention_rope, zero between steps.
+  bool fused = false;
+  bool overlap = false;  // options.overlap_kernels on a GPU that has programmatic dependent launch
+  cuda::DeviceBuffer attention_counters;
+
+  // The prompt processor (options.prefill_chunk > 1): activations of up to `chunk` tokens, row-major.
+  struct Prefill {
+    int64_t chunk = 0;
+    cuda::GemmWorkspace gemm;
+    cuda::DeviceBuffer tokens;  // int32 [chunk]
+    cuda::DeviceBuffer x, normed, q, k, v, attn, proj, gate, up;
+    cuda::DeviceBuffer attention_workspace;
+    cuda::DeviceBuffer logits;  // [chunk, vocab], allocated at the first kAll prompt
+    int64_t bytes() const {
+      int64_t b = 0;
+      for (const cuda::DeviceBuffer* d : {&tokens, &x, &normed, &q, &k, &v, &attn, &proj, &gate, &up, &attention_workspace, &logits}) {
+        b += static_cast<int64_t>(d->size());
+      }
+      return b + (chunk > 0 ? kGemmWorkspaceBytes : 0);
+    }
+  } prefill;
 
   int64_t weight_bytes = 0;
 
@@ -195,8 +240,84 @@ struct CudaModel::State {
     return ok_status();
   }
 
+  // The fused step: five launches per layer, each overlapping the one before it (when `overlap`):
+  //   q/k/v grouped GEMV, RMSNorm of x folded into its staging of x;
+  //   RoPE + KV store + split attention + combine (decode_attention_rope);
+  //   o_proj GEMV, x += its output in its epilogue;
+  //   gate/up grouped GEMV, RMSNorm of x in its staging;
+  //   down_proj GEMV, SiLU(gate) * up in its staging, x += in its epilogue.
+  // x is the residual stream, up to date after every layer (the unfused step keeps the last add pending in
+  // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
+  Status enqueue_fused_step() {
+    const LlamaConfig& c = config;
+    const cuda::Stream s = stream.get();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const int32_t* token = step_input.as<int32_t>();
+    const int32_t* pos = token + 1;
+    const cuda::DecodeAttentionShape attention = attention_shape();
+    cuda::GemvOptions gemv;
+    gemv.overlap_previous = overlap;
+    gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
+    float* residual = x.as<float>();
+    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, residual, s));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const DeviceLayer& w = layers[l];
+      uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
+      uint16_t* layer_values = values.as<uint16_t>() + l * kv_layer_elements();
+      cuda::GemvFusion input_norm;
+      input_norm.input = cuda::GemvInput::kRmsNorm;
+      input_norm.norm_weight = w.input_norm.weight;
+      input_norm.norm_eps = eps;
+      const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), q.as<float>()},
+                                           {&w.k_proj.quantized.view(), k.as<float>()},
+                                           {&w.v_proj.quantized.view(), v.as<float>()}};
+      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s, gemv, input_norm));
+      PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
+                                                         pos, layer_keys, layer_values, attention,
+                                                         attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
+                                                         attn.as<float>(), s, overlap));
+      cuda::GemvFusion add_to_residual;
+      add_to_residual.residual = residual;
+      PETREL_RETURN_IF_ERROR(
+          cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s, gemv, add_to_residual));
+      cuda::GemvFusion post_attention_norm = input_norm;
+      post_attention_norm.norm_weight = w.post_attn_norm.weight;
+      const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
+                                               {&w.up_proj.quantized.view(), up.as<float>()}};
+      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, gemv, post_attention_norm));
+      cuda::GemvFusion silu_and_add;
+      silu_and_add.input = cuda::GemvInput::kSiluMul;
+      silu_and_add.up = up.as<float>();
+      silu_and_add.residual = residual;
+      PETREL_RETURN_IF_ERROR(
+          cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s, gemv, silu_and_add));
+    }
+    return cuda::rms_norm(residual, nullptr, 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
+  }
+
+  // The fused step reads every decoder linear as GPTQ, q/k/v and gate/up each in one grouped launch.
+  bool fused_step_applies() const {
+    for (const DeviceLayer& w : layers) {
+      for (const DeviceLinear* lin : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+        if (!lin->gptq) return false;
+      }
+      const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), nullptr},
+                                           {&w.k_proj.quantized.view(), nullptr},
+                                           {&w.v_proj.quantized.view(), nullptr}};
+      const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), nullptr},
+                                               {&w.up_proj.quantized.view(), nullptr}};
+      const int sms = gemv_workspace.multiprocessors();
+      const int64_t capacity = gemv_workspace.partial_capacity();
+      if (!cuda::plan_gemv_gptq_grouped(qkv, sms, capacity).ok() || !cuda::plan_gemv_gptq_grouped(gate_up, sms, capacity).ok()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   // Everything up to the final RMSNorm (into `normed`), for the token and position in step_input.
   Status enqueue_step() {
+    if (fused) return enqueue_fused_step();
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -235,6 +356,95 @@ struct CudaModel::State {
     return cuda::rms_norm(x.as<float>(), proj.as<float>(), 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
   }
 
+  // Y[n, out] = X[n, in] W^T for the prompt processor.
+  Status prefill_linear(const DeviceLinear& w, const float* in, int64_t n, float* out) {
+    if (w.gptq) return cuda::gemm_gptq(w.quantized.view(), in, n, out, prefill.gemm, stream.get());
+    return cuda::gemm_dense(w.dense, in, n, out, prefill.gemm, stream.get());
+  }
+
+  // The prompt processor's layers for n tokens (ids already in prefill.tokens) at positions start ..
+  // start + n - 1, up to the final RMSNorm into prefill.normed. The order of enqueue_step, with every
+  // activation n rows tall and the linears as GEMMs.
+  Status enqueue_prefill(int64_t start, int64_t n) {
+    const LlamaConfig& c = config;
+    const cuda::Stream s = stream.get();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    Prefill& p = prefill;
+    const cuda::RopeShape rope{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+    const cuda::PrefillAttentionShape attention{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+    float* x_rows = p.x.as<float>();
+    float* normed_rows = p.normed.as<float>();
+    float* proj_rows = p.proj.as<float>();
+    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, p.tokens.as<int32_t>(), n, x_rows, s));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const DeviceLayer& w = layers[l];
+      uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
+      uint16_t* layer_values = values.as<uint16_t>() + l * kv_layer_elements();
+      PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, l == 0 ? nullptr : proj_rows, n, c.hidden_size, w.input_norm.weight, eps,
+                                            normed_rows, s));
+      PETREL_RETURN_IF_ERROR(prefill_linear(w.q_proj, normed_rows, n, p.q.as<float>()));
+      PETREL_RETURN_IF_ERROR(prefill_linear(w.k_proj, normed_rows, n, p.k.as<float>()));
+      PETREL_RETURN_IF_ERROR(prefill_linear(w.v_proj, normed_rows, n, p.v.as<float>()));
+      PETREL_RETURN_IF_ERROR(cuda::rope_store_kv_rows(p.q.as<float>(), p.k.as<float>(), p.v.as<float>(), n, start, rope,
+                                                      inv_freq.as<float>(), layer_keys, layer_values, s));
+      PETREL_RETURN_IF_ERROR(cuda::prefill_attention(p.q.as<float>(), layer_keys, layer_values, start, n, attention,
+                                                     p.gemm.blas(), p.attention_workspace.data(),
+                                                     static_cast<int64_t>(p.attention_workspace.size()), p.attn.as<float>(), s));
+      PETREL_RETURN_IF_ERROR(prefill_linear(w.o_proj, p.attn.as<float>(), n, proj_rows));
+      PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, w.post_attn_norm.weight, eps, normed_rows, s));
+      PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));
+      PETREL_RETURN_IF_ERROR(prefill_linear(w.up_proj, normed_rows, n, p.up.as<float>()));
+      PETREL_RETURN_IF_ERROR(cuda::silu_mul(p.gate.as<float>(), p.up.as<float>(), n * c.intermediate_size, p.gate.as<float>(), s));
+      PETREL_RETURN_IF_ERROR(prefill_linear(w.down_proj, p.gate.as<float>(), n, proj_rows));
+    }
+    return cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, final_norm.weight, eps, normed_rows, s);
+  }
+
+  // The most tokens of one chunk starting at `start` whose attention fits the workspace.
+  int64_t prefill_tokens_at(int64_t start, int64_t wanted) const {
+    const cuda::PrefillAttentionShape shape{config.num_attention_heads, config.num_key_value_heads, config.head_dim};
+    const int64_t capacity = static_cast<int64_t>(prefill.attention_workspace.size());
+    int64_t n = std::min(wanted, prefill.chunk);
+    while (n > 1 && cuda::prefill_attention_workspace_bytes(shape, n, start + n) > capacity) n = (n + 1) / 2;
+    return n;
+  }
+
+  // n tokens (n <= prefill.chunk) through the prompt processor at `position`; appends to `logits` the last
+  // row's (all == false) or every row's (all == true) logits when `logits` is not null.
+  Status prefill_chunk(const int32_t* tokens, int64_t n, bool all, std::vector<float>* logits) {
+    const LlamaConfig& c = config;
+    const cuda::Stream s = stream.get();
+    Prefill& p = prefill;
+    PETREL_RETURN_IF_ERROR(cuda::copy_to_device(p.tokens.data(), tokens, static_cast<size_t>(n) * 4, s));
+    PETREL_RETURN_IF_ERROR(enqueue_prefill(position, n));
+    const size_t row_bytes = static_cast<size_t>(c.vocab_size) * 4;
+    if (logits && all) {
+      if (p.logits.size() < static_cast<size_t>(p.chunk) * row_bytes) {
+        auto buffer = cuda::DeviceBuffer::allocate(static_cast<size_t>(p.chunk) * row_bytes);
+        if (!buffer.ok()) return with_context(buffer.status(), "the prompt processor's logits for every token");
+        p.logits = std::move(buffer).value();
+      }
+      PETREL_RETURN_IF_ERROR(prefill_linear(lm_head, p.normed.as<float>(), n, p.logits.as<float>()));
+      const size_t old = logits->size();
+      logits->resize(old + static_cast<size_t>(n) * c.vocab_size);
+      PETREL_RETURN_IF_ERROR(cuda::copy_to_host(logits->data() + old, p.logits.data(), n * row_bytes, s));
+    } else if (logits) {
+      // The last row through the token generator's LM head (one GEMV instead of a GEMM of n rows).
+      PETREL_RETURN_IF_ERROR(cuda::copy_on_device(normed.data(), p.normed.as<float>() + (n - 1) * c.hidden_size,
+                                                         static_cast<size_t>(c.hidden_size) * 4, s));
+      PETREL_RETURN_IF_ERROR(linear(lm_head, normed, this->logits));
+      PETREL_RETURN_IF_ERROR(cuda::copy_to_host(host_logits.data(), this->logits.data(), row_bytes, s));
+    }
+    PETREL_RETURN_IF_ERROR(with_context(stream.synchronize(), "the CUDA prompt processor"));
+    if (logits && !all) {
+      const size_t old = logits->size();
+      logits->resize(old + c.vocab_size);
+      std::memcpy(logits->data() + old, host_logits.data(), row_bytes);
+    }
+    position += n;
+    return ok_status();
+  }
+
   Status run_step() {
     if (!options.use_graph) return enqueue_step();
     if (step_graph.empty()) {
@@ -267,7 +477,7 @@ int64_t CudaModel::device_bytes() const {
                                       &s.attention_workspace}) {
     bytes += static_cast<int64_t>(b->size());
   }
-  return bytes;
+  return bytes + s.prefill.bytes();
 }
 
 Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, const CudaModelOptions& options) {
@@ -292,7 +502,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   {
     PETREL_ASSIGN_OR_RETURN(cuda::MemoryInfo memory, cuda::memory_info());
     const cuda::DeviceInfo& d = devices[options.device];
-    PETREL_RETURN_IF_ERROR(check_gpu_memory(gpu_memory_need(model, options.context_length), memory.free_bytes,
+    PETREL_RETURN_IF_ERROR(check_gpu_memory(gpu_memory_need(model, options.context_length, options.prefill_chunk), memory.free_bytes,
                                             memory.total_bytes, "CUDA device " + std::to_string(d.index) + " (" + d.name + ")"));
   }
 
@@ -365,7 +575,30 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   PETREL_ASSIGN_OR_RETURN(s.up, floats(c.intermediate_size));
   PETREL_ASSIGN_OR_RETURN(s.logits, floats(c.vocab_size));
   PETREL_ASSIGN_OR_RETURN(s.attention_workspace, floats(cuda::decode_attention_workspace_floats(s.attention_shape())));
+  s.fused = options.fused_step && s.fused_step_applies();
+  s.overlap = s.fused && options.overlap_kernels && devices[options.device].compute_major >= 9;
+  if (s.fused) {
+    PETREL_ASSIGN_OR_RETURN(s.attention_counters, cuda::DeviceBuffer::allocate(static_cast<size_t>(c.num_key_value_heads) * 4));
+    PETREL_RETURN_IF_ERROR(s.attention_counters.fill_bytes(0));
+  }
   PETREL_ASSIGN_OR_RETURN(s.host_logits, cuda::PinnedBuffer::allocate(static_cast<size_t>(c.vocab_size) * 4));
+  if (options.prefill_chunk > 1) {
+    State::Prefill& p = s.prefill;
+    p.chunk = std::min(options.prefill_chunk, s.options.context_length);
+    PETREL_ASSIGN_OR_RETURN(p.gemm, cuda::GemmWorkspace::create(kGemmScratchBytes));
+    PETREL_ASSIGN_OR_RETURN(p.tokens, cuda::DeviceBuffer::allocate(static_cast<size_t>(p.chunk) * 4));
+    PETREL_ASSIGN_OR_RETURN(p.x, floats(p.chunk * c.hidden_size));
+    PETREL_ASSIGN_OR_RETURN(p.normed, floats(p.chunk * c.hidden_size));
+    PETREL_ASSIGN_OR_RETURN(p.proj, floats(p.chunk * c.hidden_size));
+    PETREL_ASSIGN_OR_RETURN(p.q, floats(p.chunk * c.q_dim()));
+    PETREL_ASSIGN_OR_RETURN(p.attn, floats(p.chunk * c.q_dim()));
+    PETREL_ASSIGN_OR_RETURN(p.k, floats(p.chunk * c.kv_dim()));
+    PETREL_ASSIGN_OR_RETURN(p.v, floats(p.chunk * c.kv_dim()));
+    PETREL_ASSIGN_OR_RETURN(p.gate, floats(p.chunk * c.intermediate_size));
+    PETREL_ASSIGN_OR_RETURN(p.up, floats(p.chunk * c.intermediate_size));
+    PETREL_ASSIGN_OR_RETURN(p.attention_workspace,
+                            cuda::DeviceBuffer::allocate(static_cast<size_t>(prefill_attention_bytes(c, p.chunk, s.options.context_length))));
+  }
   PETREL_RETURN_IF_ERROR(cuda::synchronize());
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
 }
@@ -415,6 +648,25 @@ Status CudaModel::forward(std::span<const int32_t> tokens, LogitsMode mode, std:
     }
   }
   if (logits) logits->clear();
+  if (n > 1 && s.prefill.chunk > 1) {
+    State& m = *state_;
+    int64_t done = 0;
+    while (done < n) {
+      const int64_t take = m.prefill_tokens_at(m.position, n - done);
+      const bool last = done + take == n;
+      std::vector<float>* out = mode == LogitsMode::kAll || (mode == LogitsMode::kLast && last) ? logits : nullptr;
+      if (take == 1) {
+        // A lone token (a prompt one longer than a multiple of the chunk) goes through the decode step.
+        std::vector<float> step;
+        PETREL_RETURN_IF_ERROR(decode(tokens[done], out ? &step : nullptr));
+        if (out) out->insert(out->end(), step.begin(), step.end());
+      } else {
+        PETREL_RETURN_IF_ERROR(m.prefill_chunk(tokens.data() + done, take, mode == LogitsMode::kAll, out));
+      }
+      done += take;
+    }
+    return ok_status();
+  }
   std::vector<float> step;
   for (int64_t i = 0; i < n; ++i) {
     const bool want = mode == LogitsMode::kAll || (mode == LogitsMode::kLast && i == n - 1);

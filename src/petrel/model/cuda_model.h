@@ -12,12 +12,22 @@
 // The step, in the order of LlamaModel::forward: embedding; per layer RMSNorm (with the previous residual add
 // fused), q/k/v GEMVs (side by side on three streams), RoPE + fp16 KV store, split-K decode attention, o_proj,
 // residual add + RMSNorm, gate/up GEMVs (side by side), SiLU*up, down; final residual add + RMSNorm; LM head.
+// With GPTQ decoder linears the step is fused by default (CudaModelOptions::fused_step): per layer a q/k/v
+// grouped GEMV with the RMSNorm in its input staging, one RoPE + KV store + attention + combine kernel, the
+// o_proj GEMV adding into the residual stream, a gate/up grouped GEMV with the RMSNorm, and the down GEMV with
+// SiLU*up in and the residual add out: five launches, each overlapping the one before it.
 // Every kernel reads the token and the position from device memory, so the step (without the LM head) is
 // captured once in a CUDA graph and replayed; the LM head runs only when logits are wanted.
 //
 // Numerics against the CPU (LlamaModel with an fp16 KV cache): same formulas; GPTQ GEMVs round activations
 // to fp16 inside the matrix unit; float32 sums in other orders. Tests: tests/cuda_model_test.cc.
-// Prompts are processed by looping this one-token step (no batched prefill on the GPU yet).
+//
+// Prompts (forward() with more than one token) go through the prompt processor: chunks of up to
+// CudaModelOptions::prefill_chunk tokens, each layer's linears as one matrix-matrix product over the chunk
+// (kernels/cuda/gemm.h: fused W4A16 tensor-core kernel for short chunks, dequantize + cuBLAS for long ones),
+// RoPE and KV store of all rows at once, and causal attention over the cache with two batched cuBLAS products
+// (kernels/cuda/attention_prefill.cu). Its logits agree with the token generator's to within fp16 rounding of
+// the activations (tests/prefill_cuda_test.cc).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +46,19 @@ struct CudaModelOptions {
   int64_t context_length = 4096;  // KV cache positions on the device; clamped to max_position_embeddings
   bool use_graph = true;          // replay the step from a CUDA graph (false: launch kernel by kernel)
   int64_t attention_split = 0;    // KV positions per attention block; 0: chosen from the context length
+  // The decode step's kernel sequence. true: for checkpoints whose decoder linears are all GPTQ, five launches
+  // per layer, the element-wise steps fused into the GEMVs and attention around them (cuda_model.cc); false,
+  // or a float checkpoint: the unfused sequence (eleven launches per layer, side streams), kept for comparison.
+  bool fused_step = true;
+  // In the fused step, each kernel may start while the one before it finishes (programmatic dependent launch;
+  // Hopper and later GPUs, ignored on older ones).
+  bool overlap_kernels = true;
+  // In the fused step, steps of weights each GEMV block prefetches into L2 before it waits for the previous
+  // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). A tuning knob for the benchmark.
+  int gemv_l2_prefetch_steps = 16;
+  // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
+  // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
+  int64_t prefill_chunk = 512;
 };
 
 // What create() allocates on the device, computed from the host model before anything is uploaded.
@@ -46,7 +69,7 @@ struct GpuMemoryNeed {
   int64_t context_length = 0;
   int64_t total() const { return weight_bytes + kv_cache_bytes + scratch_bytes; }
 };
-GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length);
+GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, int64_t prefill_chunk = 512);
 // Fails with kUnsupported when `need` does not fit in `free_bytes`, naming both numbers, e.g.
 // "not enough GPU memory on CUDA device 0 (NVIDIA H200): the model needs 5.10 GiB (5476083712 bytes: weights
 // 4.60 GiB + fp16 KV cache 0.50 GiB for 4096 positions + scratch 0.01 GiB), 2.00 GiB (2147483648 bytes) is
@@ -73,9 +96,10 @@ class CudaModel {
   // [vocab] on the host. Fails with kOutOfRange, changing nothing, when the cache is full.
   Status decode(int32_t token, std::vector<float>* logits);
 
-  // LlamaModel::forward's contract for the GPU: `tokens` one after the other through decode() (kLast: the
-  // last token's logits; kAll: every token's, concatenated; kNone: none). Checks every id and the space
-  // left before it runs anything.
+  // LlamaModel::forward's contract for the GPU (kLast: the last token's logits; kAll: every token's,
+  // concatenated; kNone: none): more than one token go through the prompt processor in chunks of
+  // options.prefill_chunk, a single token (or prefill_chunk <= 1) through decode(). Checks every id and the
+  // space left before it runs anything.
   Status forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits);
 
  private:

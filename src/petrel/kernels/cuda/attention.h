@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "petrel/kernels/cuda/blas.h"
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/util/status.h"
 
@@ -31,5 +32,39 @@ int64_t decode_attention_workspace_floats(const DecodeAttentionShape& shape);
 // [context_length, n_kv_heads, head_dim]; workspace of decode_attention_workspace_floats(shape) floats.
 Status decode_attention(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, const int32_t* position,
                         const DecodeAttentionShape& shape, float* workspace, float* out, Stream stream = nullptr);
+
+// The token generator's fused attention step in ONE launch (attention.cu): RoPE of this token's query and key
+// heads (rope_store_kv's angles and float32 expressions), the store of its key and value as fp16 at row
+// *position of the caches, decode_attention's split attention over positions 0 .. *position, and the combine
+// of the splits, done by the last block of each KV head to finish (an arrival counter, as gemv_gptq's split-K).
+// q [n_heads, head_dim], k and v [n_kv_heads, head_dim]: the projections, not rotated (none is modified).
+// workspace: decode_attention_workspace_floats(shape) floats; counters: n_kv_heads uint32 that are zero
+// before the first call and left zero by every call. With overlap_previous the launch may overlap the kernel
+// before it on the stream (programmatic dependent launch; see gemv_gptq.h's GemvOptions). *position must be
+// in [0, context_length).
+Status decode_attention_rope(const float* q, const float* k, const float* v, const float* inv_freq,
+                             const int32_t* position, uint16_t* key_cache, uint16_t* value_cache,
+                             const DecodeAttentionShape& shape, float* workspace, uint32_t* counters, float* out,
+                             Stream stream = nullptr, bool overlap_previous = false);
+
+// ---- Prefill (the prompt processor): attention_prefill.cu ----
+
+struct PrefillAttentionShape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;  // divides n_heads
+  int64_t head_dim = 0;    // even, at most kMaxHeadDim
+};
+
+// Bytes of workspace prefill_attention needs for n_tokens queries over kv_length = start + n_tokens positions.
+int64_t prefill_attention_workspace_bytes(const PrefillAttentionShape& shape, int64_t n_tokens, int64_t kv_length);
+
+// Causal grouped-query attention of n_tokens queries at positions start .. start + n_tokens - 1 over cache
+// positions 0 .. start + t (query t), as ref::attention with first_pos = start: q float32 [n_tokens, n_heads,
+// head_dim] (already rotated), key_cache / value_cache fp16 bits [>= start + n_tokens, n_kv_heads, head_dim]
+// (the rows of the new tokens already stored), out float32 [n_tokens, n_heads, head_dim]. Uses cuBLAS
+// (`blas`, whose stream is set to `stream`) and `workspace` (prefill_attention_workspace_bytes of it).
+Status prefill_attention(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, int64_t start,
+                         int64_t n_tokens, const PrefillAttentionShape& shape, BlasHandle& blas, void* workspace,
+                         int64_t workspace_bytes, float* out, Stream stream = nullptr);
 
 }  // namespace petrel::cuda

@@ -14,6 +14,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/rope.h"
 
@@ -34,12 +36,18 @@ __device__ __forceinline__ void rotate(float a, float b, float c, float s, float
 __global__ void __launch_bounds__(kMaxHalf) rope_store_kv_kernel(float* __restrict__ q, const float* __restrict__ k,
                                                                  const float* __restrict__ v, int n_heads, int head_dim,
                                                                  int64_t kv_dim, const float* __restrict__ inv_freq,
-                                                                 const int32_t* __restrict__ position,
+                                                                 const int32_t* __restrict__ position, int64_t start,
                                                                  uint16_t* __restrict__ key_cache,
                                                                  uint16_t* __restrict__ value_cache) {
   const int half = head_dim / 2;
   const int i = threadIdx.x;
-  const int64_t pos = *position;
+  // Token blockIdx.y of the batch: its rows of q, k and v, at position start + blockIdx.y (or *position, the
+  // token generator's single token, read at run time).
+  const int64_t token = blockIdx.y;
+  const int64_t pos = (position ? int64_t{*position} : start) + token;
+  q += token * n_heads * head_dim;
+  k += token * kv_dim;
+  v += token * kv_dim;
   const int head = blockIdx.x;
   const bool is_query = head < n_heads;
   const int kv_head = head - n_heads;
@@ -75,22 +83,45 @@ __global__ void __launch_bounds__(kMaxHalf) rope_store_kv_kernel(float* __restri
 
 }  // namespace
 
-Status rope_store_kv(float* q, const float* k, const float* v, const RopeShape& shape, const float* inv_freq,
-                     const int32_t* position, uint16_t* key_cache, uint16_t* value_cache, Stream stream) {
+namespace {
+
+Status launch_rope(float* q, const float* k, const float* v, int64_t n_tokens, const RopeShape& shape,
+                   const float* inv_freq, const int32_t* position, int64_t start, uint16_t* key_cache,
+                   uint16_t* value_cache, Stream stream, const char* what) {
   if (shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.head_dim % 2 != 0 ||
       shape.head_dim > 2 * kMaxHalf || shape.n_heads + shape.n_kv_heads > (int64_t{1} << 30)) {
-    return invalid_argument("cuda::rope_store_kv: " + std::to_string(shape.n_heads) + " query heads, " +
+    return invalid_argument(std::string("cuda::") + what + ": " + std::to_string(shape.n_heads) + " query heads, " +
                             std::to_string(shape.n_kv_heads) + " KV heads of head_dim " + std::to_string(shape.head_dim) +
                             " (head_dim must be even and at most " + std::to_string(2 * kMaxHalf) + ")");
   }
-  if (!q || !k || !v || !inv_freq || !position || !key_cache || !value_cache) {
-    return invalid_argument("cuda::rope_store_kv: null device pointer");
+  if (n_tokens <= 0 || n_tokens > 65535 || start < 0) {
+    return invalid_argument(std::string("cuda::") + what + ": " + std::to_string(n_tokens) + " tokens at position " +
+                            std::to_string(start) + " (1 to 65535 tokens, position >= 0)");
+  }
+  if (!q || !k || !v || !inv_freq || !key_cache || !value_cache) {
+    return invalid_argument(std::string("cuda::") + what + ": null device pointer");
   }
   const int threads = static_cast<int>((shape.head_dim / 2 + 31) / 32 * 32);
-  rope_store_kv_kernel<<<static_cast<unsigned>(shape.n_heads + shape.n_kv_heads), threads, 0, stream>>>(
-      q, k, v, static_cast<int>(shape.n_heads), static_cast<int>(shape.head_dim), shape.n_kv_heads * shape.head_dim,
-      inv_freq, position, key_cache, value_cache);
-  return cuda_status(cudaGetLastError(), "rope_store_kv launch");
+  const dim3 grid(static_cast<unsigned>(shape.n_heads + shape.n_kv_heads), static_cast<unsigned>(n_tokens));
+  rope_store_kv_kernel<<<grid, threads, 0, stream>>>(q, k, v, static_cast<int>(shape.n_heads),
+                                                     static_cast<int>(shape.head_dim), shape.n_kv_heads * shape.head_dim,
+                                                     inv_freq, position, start, key_cache, value_cache);
+  return cuda_status(cudaGetLastError(), std::string(what) + " launch");
+}
+
+}  // namespace
+
+Status rope_store_kv(float* q, const float* k, const float* v, const RopeShape& shape, const float* inv_freq,
+                     const int32_t* position, uint16_t* key_cache, uint16_t* value_cache, Stream stream) {
+  if (!position) return invalid_argument("cuda::rope_store_kv: null device pointer");
+  return launch_rope(q, k, v, 1, shape, inv_freq, position, 0, key_cache, value_cache, stream, "rope_store_kv");
+}
+
+Status rope_store_kv_rows(float* q, const float* k, const float* v, int64_t n_tokens, int64_t start,
+                          const RopeShape& shape, const float* inv_freq, uint16_t* key_cache, uint16_t* value_cache,
+                          Stream stream) {
+  return launch_rope(q, k, v, n_tokens, shape, inv_freq, nullptr, start, key_cache, value_cache, stream,
+                     "rope_store_kv_rows");
 }
 
 }  // namespace petrel::cuda

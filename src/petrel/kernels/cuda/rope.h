@@ -26,4 +26,12 @@ struct RopeShape {
 Status rope_store_kv(float* q, const float* k, const float* v, const RopeShape& shape, const float* inv_freq,
                      const int32_t* position, uint16_t* key_cache, uint16_t* value_cache, Stream stream = nullptr);
 
+// The prompt processor's form: n_tokens consecutive tokens at positions start .. start + n_tokens - 1 (a host
+// value: prompts are not replayed from a graph). q [n_tokens, n_heads, head_dim] is rotated in place; row t of
+// k and v [n_tokens, n_kv_heads, head_dim] goes to cache row start + t, as rope_store_kv does for one token.
+// The caller checks start + n_tokens <= context_length; n_tokens <= 65535.
+Status rope_store_kv_rows(float* q, const float* k, const float* v, int64_t n_tokens, int64_t start,
+                          const RopeShape& shape, const float* inv_freq, uint16_t* key_cache, uint16_t* value_cache,
+                          Stream stream = nullptr);
+
 }  // namespace petrel::cuda

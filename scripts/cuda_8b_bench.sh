@@ -1,0 +1,56 @@
+#!/bin/bash
+# Device-side: the Llama-3.1-8B-shaped pipeline on one GPU, end to end, from binaries packed here by
+# `scripts/cuda_pack.sh build` (run tool: command `bash scripts/cuda_8b_bench.sh`, carry [".gl"]):
+#   make-random (bf16, 16 GB) -> quantize (GPTQ on the GPU, timed with peak RSS) -> export --backend cuda
+#   -> petrel run x3 (29-token prompt: init and TTFT from the Genie profile)
+#   -> petrel bench --backend cuda -p 29,128,512 -n 128.
+# FORMATS (default "pc g128"): pc = W4 per channel + 8-bit head (GPTQ on the GPU); g128 = W4 group 128
+# (GPTQ on the GPU). QUANTIZE_ARGS adds flags to every quantize (e.g. "--method rtn --no-clip-search").
+# VALIDATE=1 also runs `petrel validate` of the per-channel checkpoint against the float one (CPU, 1 window).
+# KEEP=1 keeps /tmp/w8b (a warm machine reuses it: make-random and quantize are skipped when present).
+# Logs and profiles go to $OUT.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
+if [ ! -d /work/main/tests/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
+export LD_LIBRARY_PATH=/tmp/pkg/lib
+. scripts/cuda_libs.sh
+P=/tmp/pkg/bin/petrel
+W=/tmp/w8b; mkdir -p $W
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+if [ ! -f $W/random/config.json ]; then
+  t0=$(date +%s)
+  $P make-random --preset llama-3.1-8b --out $W/random --tokenizer tests/data/tokenizers/llama-3.1 2>&1 | tail -1
+  echo "make-random: $(( $(date +%s) - t0 )) s"
+fi
+printf '128000' > $W/p29.txt; for i in $(seq 1 28); do printf ' %d' $((1000 + 37 * i)); done >> $W/p29.txt
+for fmt in ${FORMATS:-pc g128}; do
+  case $fmt in pc) qargs="--group-size -1";; g128) qargs="--group-size 128";; esac
+  echo "== $fmt"
+  if [ ! -f $W/w4-$fmt/config.json ]; then
+    /usr/bin/time -v $P quantize --checkpoint $W/random --out $W/w4-$fmt --device cuda $qargs ${QUANTIZE_ARGS:-} -q \
+      > $OUT/quantize-$fmt.log 2>&1; echo "quantize rc $?"
+    grep -E "Elapsed|Maximum resident" $OUT/quantize-$fmt.log
+  fi
+  $P export --checkpoint $W/w4-$fmt --out $W/bundle-$fmt --parts 5 --context-length 4096 --backend cuda --force -q 2>&1 | tail -2
+  cat $W/bundle-$fmt/*.pte > /dev/null 2>&1; cat $W/bundle-$fmt/* > /dev/null 2>&1  # page cache
+  for r in 1 2 3; do
+    $P run -c $W/bundle-$fmt/config.json --tokens_file $W/p29.txt -n 32 --profile $W/prof-$fmt-$r.json --log error > /dev/null 2>&1
+    cp $W/prof-$fmt-$r.json $OUT/ 2>/dev/null
+    python3 - $W/prof-$fmt-$r.json <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+ev = {e["type"]: e for c in p["components"] for e in c["events"]}
+g = lambda e, k: ev[e][k]["value"]
+print("run: init %.3f s, TTFT %.2f ms, prompt %.0f tok/s, generation %.1f tok/s" % (g("GenieDialog_create", "init-time") / 1e6,
+      g("GenieDialog_query", "time-to-first-token") / 1e3, g("GenieDialog_query", "prompt-processing-rate"),
+      g("GenieDialog_query", "token-generation-rate")))
+PY
+  done
+  $P bench $W/bundle-$fmt --backend cuda -p 29,128,512 -n 128 -r 5 2>&1 | tee $OUT/bench-$fmt.md
+  rm -rf $W/bundle-$fmt
+done
+if [ "${VALIDATE:-0}" = 1 ]; then
+  timeout 400 $P validate --checkpoint $W/w4-pc --reference $W/random --max-windows 1 --report $OUT/validation-8b-pc.json -q 2>&1 | tail -8
+fi
+[ "${KEEP:-0}" = 1 ] || rm -rf $W
