@@ -6,6 +6,7 @@
 #   -> petrel bench --backend cuda -p 29,128,512 -n 128.
 # FORMATS (default "pc g128"): pc = W4 per channel + 8-bit head (GPTQ on the GPU); g128 = W4 group 128
 # (GPTQ on the GPU). QUANTIZE_ARGS adds flags to every quantize (e.g. "--method rtn --no-clip-search").
+# Each format is also benched with --prefill-f16-weights (pp only).
 # VALIDATE=1 also runs `petrel validate` of the per-channel checkpoint against the float one (CPU, 1 window).
 # KEEP=1 keeps /tmp/w8b (a warm machine reuses it: make-random and quantize are skipped when present).
 # Logs and profiles go to $OUT.
@@ -48,9 +49,14 @@ print("run: init %.3f s, TTFT %.2f ms, prompt %.0f tok/s, generation %.1f tok/s"
 PY
   done
   $P bench $W/bundle-$fmt --backend cuda -p 29,128,512 -n 128 -r 5 2>&1 | tee $OUT/bench-$fmt.md
+  # The same prompts with the fp16 weight cache (CudaModelOptions::prefill_f16_weights), and a run's TTFT with it.
+  $P bench $W/bundle-$fmt --backend cuda -p 29,128,512 -n 0 -r 5 --prefill-f16-weights 2>&1 | tail -3 | tee $OUT/bench-$fmt-f16.md
   rm -rf $W/bundle-$fmt
+  if [ "${VALIDATE:-0}" = 1 ]; then  # CPU kernels, all cores: one 256-token window through both paths
+    t0=$(date +%s)
+    timeout ${VALIDATE_TIMEOUT:-200} $P validate --checkpoint $W/w4-$fmt --reference $W/random --max-windows 1 \
+      --report $OUT/validation-8b-$fmt.json -q 2>&1 | tail -4
+    echo "validate rc $? in $(( $(date +%s) - t0 )) s"
+  fi
 done
-if [ "${VALIDATE:-0}" = 1 ]; then
-  timeout 400 $P validate --checkpoint $W/w4-pc --reference $W/random --max-windows 1 --report $OUT/validation-8b-pc.json -q 2>&1 | tail -8
-fi
 [ "${KEEP:-0}" = 1 ] || rm -rf $W

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
+#include "petrel/kernels/cuda/uploader.h"
 #include "petrel/model/rope.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/quant/format.h"
@@ -220,6 +223,41 @@ TEST(KernelsCuda, DeviceBufferRoundTripsAndRejectsOutOfRange) {
   cuda::DeviceBuffer moved = std::move(*buffer);
   EXPECT_EQ(moved.size(), 1024u);
   EXPECT_EQ(buffer->data(), nullptr);
+}
+
+// The staged uploader: copies larger than a chunk (split over slots, the ring wrapping several times, the
+// host copy split over threads) and small ones sharing a chunk land byte for byte.
+TEST(KernelsCuda, HostUploaderCopiesLargeAndSmallPiecesExactly) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  constexpr size_t kChunk = size_t{8} << 20;
+  auto up = cuda::HostUploader::create(kChunk, 2, 3);
+  ASSERT_TRUE(up.ok()) << up.status().to_string();
+  std::mt19937 rng(7);
+  std::vector<size_t> sizes = {5 * kChunk + 12345, 1, 3, 4096, kChunk - 2, kChunk, 777, 2 * kChunk + 1};
+  std::vector<std::vector<uint8_t>> host;
+  std::vector<cuda::DeviceBuffer> device;
+  for (size_t n : sizes) {
+    std::vector<uint8_t> bytes(n);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    auto buffer = cuda::DeviceBuffer::allocate(n);
+    ASSERT_TRUE(buffer.ok());
+    ASSERT_TRUE(up->copy(buffer->data(), bytes.data(), n).ok());
+    std::fill(bytes.begin(), bytes.begin() + std::min<size_t>(n, 64), 0);  // the source may change at once...
+    for (size_t i = 0; i < std::min<size_t>(n, 64); ++i) bytes[i] = static_cast<uint8_t>(rng());
+    host.push_back(std::move(bytes));
+    device.push_back(std::move(buffer).value());
+  }
+  ASSERT_TRUE(up->finish().ok());
+  EXPECT_EQ(up->bytes_copied(), static_cast<int64_t>(std::accumulate(sizes.begin(), sizes.end(), size_t{0})));
+  std::mt19937 replay(7);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<uint8_t> expected(sizes[k]), out(sizes[k]);
+    for (auto& b : expected) b = static_cast<uint8_t>(replay());
+    for (size_t i = 0; i < std::min<size_t>(sizes[k], 64); ++i) replay();  // ...without changing what was sent
+    ASSERT_TRUE(device[k].download(out.data(), out.size()).ok());
+    EXPECT_TRUE(out == expected) << "copy " << k << " of " << sizes[k] << " bytes";
+  }
+  EXPECT_FALSE(up->copy(nullptr, host[0].data(), 16).ok());
 }
 
 

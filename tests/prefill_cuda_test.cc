@@ -195,8 +195,12 @@ std::vector<float> cpu_prompt_logits(const LlamaModel& model, const std::vector<
 
 // Tolerances of the GPU prompt processor against the CPU's (both with an fp16 KV cache): the products round
 // activations to fp16 (GPTQ and f16/bf16 weights; float32 weights stay float32) and attention rounds q and
-// the probabilities to fp16.
-constexpr double kPrefillRelativeL2 = 3e-3;
+// the probabilities to fp16. bf16 weights (gqa_llama3) round the activations to bf16 (8 bits of mantissa):
+// 3.5e-3 measured on the H200, hence 5e-3.
+constexpr double kPrefillRelativeL2 = 5e-3;
+// kLast's row through the token generator's LM head (float32 activations) against kAll's through the LM head
+// GEMM (activations rounded to the weights' 16-bit dtype): 1.9e-3 measured for bf16 weights.
+constexpr double kLastVersusAllRelativeL2 = 3e-3;
 
 void expect_prefill_agrees(const LlamaModel& model, const std::vector<int32_t>& tokens, const std::string& what) {
   const int64_t vocab = model.config().vocab_size;
@@ -219,14 +223,14 @@ void expect_prefill_agrees(const LlamaModel& model, const std::vector<int32_t>& 
     EXPECT_LE(a.relative_l2, kPrefillRelativeL2);
     EXPECT_LE(a.argmax_mismatches, static_cast<int64_t>(tokens.size()) / 50);
 
-    // kLast gives the last row (through the token generator's LM head: the same up to summation order), and
+    // kLast gives the last row (through the token generator's LM head), and
     // the token generator continues from the cache the prompt processor wrote.
     (*gpu)->reset();
     const size_t half = tokens.size() / 2;
     std::vector<float> last;
     ASSERT_TRUE((*gpu)->forward(std::span<const int32_t>(tokens.data(), half), LogitsMode::kLast, &last).ok());
     ASSERT_EQ(last.size(), static_cast<size_t>(vocab));
-    EXPECT_LE(relative_l2(last, std::vector<float>(all.begin() + (half - 1) * vocab, all.begin() + half * vocab)), 1e-3);
+    EXPECT_LE(relative_l2(last, std::vector<float>(all.begin() + (half - 1) * vocab, all.begin() + half * vocab)), kLastVersusAllRelativeL2);
     std::vector<float> step, decoded;
     for (size_t i = half; i < tokens.size(); ++i) {
       ASSERT_TRUE((*gpu)->decode(tokens[i], &step).ok());
@@ -265,6 +269,21 @@ TEST(PrefillCuda, QuantizedTinyLlamaAgreesWithTheCpuPromptProcessor) {
     std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
     while (tokens.size() < 300) tokens.push_back(static_cast<int32_t>((tokens.size() * 7919) % (*model)->config().vocab_size));
     expect_prefill_agrees(**model, tokens, std::string("tiny-llama31 W4 ") + (group < 0 ? "per-channel" : "g128"));
+
+    // The fp16 weight cache: the long chunks read dequantized copies instead of dequantizing per call; the
+    // same fp16 weights go into the same cuBLAS products, so the logits agree to summation order.
+    std::vector<float> plain, cached;
+    for (bool f16 : {false, true}) {
+      CudaModelOptions options;
+      options.context_length = static_cast<int64_t>(tokens.size());
+      options.prefill_f16_weights = f16 ? PrefillF16Weights::kOn : PrefillF16Weights::kOff;
+      auto gpu = CudaModel::create(**model, options);
+      ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+      ASSERT_TRUE((*gpu)->forward(tokens, LogitsMode::kAll, f16 ? &cached : &plain).ok());
+      EXPECT_EQ((*gpu)->prefill_f16_weights(), f16);
+    }
+    ASSERT_EQ(plain.size(), cached.size());
+    EXPECT_LE(relative_l2(cached, plain), 1e-5);
   }
 }
 

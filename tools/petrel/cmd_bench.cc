@@ -33,6 +33,7 @@ struct BenchFlags {
   std::string output = "md";
   int64_t chunk_size = 128;
   std::string backend = "cpu";  // cpu, or cuda: GPU 0 (model/cuda_model.h)
+  std::string prefill_f16_weights = "auto";
 };
 
 struct BenchRow {
@@ -76,6 +77,9 @@ int run_bench(const BenchFlags& f) {
     options.context_length = longest;
     // The whole prompt in one chunk (llama-bench's pp is one batch of n tokens), up to 512 at a time.
     options.prefill_chunk = std::min<int64_t>(longest, 512);
+    auto f16_weights = parse_prefill_f16_weights(f.prefill_f16_weights);
+    if (!f16_weights.ok()) return report_error(cmd, f16_weights.status());
+    options.prefill_f16_weights = *f16_weights;
     auto created = CudaModel::create(**model, options);
     if (!created.ok()) return report_error(cmd, created.status());
     gpu = std::move(created).value();
@@ -250,6 +254,9 @@ void add_bench_command(CLI::App& app, CliContext& ctx) {
                 "Also measure the machine's read bandwidth and report bytes read per generated token against it");
   cmd->add_option("--chunk-size", f->chunk_size, "Prompt processor sequence length")->capture_default_str();
   cmd->add_option("--backend", f->backend, "cpu, or cuda (GPU 0: prompt processor and token generator of model/cuda_model.h)")->capture_default_str();
+  cmd->add_option("--prefill-f16-weights", f->prefill_f16_weights,
+                  "cuda: fp16 copies of the 4-bit linears for prompts over 160 tokens: auto, on, off (CudaModelOptions)")
+      ->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_bench(*f); });
 }
 

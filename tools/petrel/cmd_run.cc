@@ -30,6 +30,7 @@ struct RunFlags {
   std::string config, model, prompt, prompt_file, tokens_file, profile, log = "warn";
   int64_t max_new_tokens = -1;
   int threads = 0;
+  std::string prefill_f16_weights = "auto";
 };
 
 enum class LogLevel { kError, kWarn, kInfo, kVerbose };
@@ -84,6 +85,9 @@ int run_run(const RunFlags& f) {
   EngineOptions engine_options;
   engine_options.backend = *backend;
   engine_options.context_length = context_length;
+  auto f16_weights = parse_prefill_f16_weights(f.prefill_f16_weights);
+  if (!f16_weights.ok()) return report_error(cmd, f16_weights.status());
+  engine_options.cuda_prefill_f16_weights = *f16_weights;
   auto engine = Engine::load(model_path, engine_options);
   if (!engine.ok()) return report_error(cmd, engine.status());
   const Tokenizer* tokenizer = (*engine)->tokenizer();
@@ -170,6 +174,10 @@ void add_run_command(CLI::App& app, CliContext& ctx) {
                   "Extension: stop after this many tokens (default: the config's max-num-tokens, else the context)");
   add_kv_type_option(cmd, f->kv_type);
   add_backend_option(cmd, f->backend);
+  cmd->add_option("--prefill-f16-weights", f->prefill_f16_weights,
+                  "cuda: fp16 copies of the 4-bit linears for prompts over 160 tokens (faster; ~3.5x the weights' GPU "
+                  "memory): auto (when they take at most half of the free memory), on, off")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores (the config's n-threads is advisory)")->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = run_run(*f); });
 }

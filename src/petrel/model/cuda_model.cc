@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "petrel/kernels/cuda/attention.h"
 #include "petrel/kernels/cuda/device.h"
@@ -17,6 +18,7 @@
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
+#include "petrel/kernels/cuda/uploader.h"
 #include "petrel/model/rope.h"
 
 namespace petrel {
@@ -29,9 +31,13 @@ struct DeviceLinear {
   cuda::DeviceGptqWeights quantized;
   cuda::DeviceBuffer dense_storage;  // empty when the matrix is shared (a tied LM head)
   cuda::DeviceDenseMatrix dense;
+  // CudaModelOptions::prefill_f16_weights: W dequantized to fp16 [rows, cols] for long prompt chunks.
+  cuda::DeviceBuffer f16_storage;
+  cuda::DeviceDenseMatrix f16;
 
   int64_t bytes() const {
-    return gptq ? quantized.view().weight_bytes() : static_cast<int64_t>(dense_storage.size());
+    return (gptq ? quantized.view().weight_bytes() : static_cast<int64_t>(dense_storage.size())) +
+           static_cast<int64_t>(f16_storage.size());
   }
 };
 
@@ -45,26 +51,28 @@ struct DeviceLayer {
   DeviceLinear q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
 };
 
-Result<cuda::DeviceBuffer> upload_bytes(const void* host, size_t bytes, const std::string& what) {
+// Weights go through one HostUploader (pinned staging, several host threads): create() calls finish() before
+// the first kernel reads them.
+Result<cuda::DeviceBuffer> upload_bytes(const void* host, size_t bytes, const std::string& what, cuda::HostUploader& up) {
   auto buffer = cuda::DeviceBuffer::allocate(bytes);
   if (!buffer.ok()) return Status(buffer.status().code(), what + ": " + buffer.status().message());
-  Status uploaded = buffer->upload(host, bytes);
+  Status uploaded = up.copy(buffer->data(), host, bytes);
   if (!uploaded.ok()) return Status(uploaded.code(), what + ": " + uploaded.message());
   return std::move(buffer).value();
 }
 
-Result<DeviceNorm> upload_norm(const ref::DenseMatrix& host, const std::string& name) {
+Result<DeviceNorm> upload_norm(const ref::DenseMatrix& host, const std::string& name, cuda::HostUploader& up) {
   DeviceNorm norm;
   const size_t bytes = static_cast<size_t>(host.rows * host.cols) * dtype_size(host.dtype);
-  PETREL_ASSIGN_OR_RETURN(norm.storage, upload_bytes(host.data, bytes, name));
+  PETREL_ASSIGN_OR_RETURN(norm.storage, upload_bytes(host.data, bytes, name, up));
   norm.weight = cuda::DeviceVector{host.dtype, host.rows * host.cols, norm.storage.data()};
   return norm;
 }
 
-Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& name) {
+Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& name, cuda::HostUploader& up) {
   DeviceLinear linear;
   if (host.kind == LinearWeight::Kind::kGptq) {
-    auto uploaded = cuda::DeviceGptqWeights::upload(host.gptq);
+    auto uploaded = cuda::DeviceGptqWeights::upload(host.gptq, &up);
     if (!uploaded.ok()) return Status(uploaded.status().code(), name + ": " + uploaded.status().message());
     linear.gptq = true;
     linear.quantized = std::move(uploaded).value();
@@ -72,7 +80,7 @@ Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& 
   }
   const ref::DenseMatrix& m = host.dense;
   const size_t bytes = static_cast<size_t>(m.rows * m.cols) * dtype_size(m.dtype);
-  PETREL_ASSIGN_OR_RETURN(linear.dense_storage, upload_bytes(m.data, bytes, name));
+  PETREL_ASSIGN_OR_RETURN(linear.dense_storage, upload_bytes(m.data, bytes, name, up));
   linear.dense = cuda::DeviceDenseMatrix{m.dtype, m.rows, m.cols, linear.dense_storage.data()};
   return linear;
 }
@@ -117,7 +125,15 @@ int64_t prefill_activation_bytes(const LlamaConfig& c, int64_t chunk) {
 constexpr int64_t kGemmScratchBytes = int64_t{256} << 20;  // GemmWorkspace's scratch (gemm.h), plus 32 MiB cuBLAS
 constexpr int64_t kGemmWorkspaceBytes = kGemmScratchBytes + (int64_t{32} << 20);
 
-GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, int64_t prefill_chunk) {
+Result<PrefillF16Weights> parse_prefill_f16_weights(const std::string& text) {
+  if (text == "auto") return PrefillF16Weights::kAuto;
+  if (text == "off") return PrefillF16Weights::kOff;
+  if (text == "on") return PrefillF16Weights::kOn;
+  return invalid_argument("prefill fp16 weights must be auto, on or off, not '" + text + "'");
+}
+
+GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, int64_t prefill_chunk,
+                              bool prefill_f16_weights) {
   const LlamaConfig& c = model.config();
   const LlamaWeights& w = model.weights();
   GpuMemoryNeed need;
@@ -127,6 +143,9 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
     need.weight_bytes += host_matrix_bytes(l.input_norm) + host_matrix_bytes(l.post_attn_norm);
     for (const LinearWeight* lin : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       need.weight_bytes += host_linear_bytes(*lin);
+      if (prefill_f16_weights && prefill_chunk > 1 && lin->kind == LinearWeight::Kind::kGptq) {
+        need.weight_bytes += 2 * lin->gptq.rows * lin->gptq.cols;
+      }
     }
   }
   const bool tied = w.lm_head.kind == LinearWeight::Kind::kDense && w.lm_head.dense.data == w.embed_tokens.data;
@@ -356,8 +375,12 @@ struct CudaModel::State {
     return cuda::rms_norm(x.as<float>(), proj.as<float>(), 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
   }
 
-  // Y[n, out] = X[n, in] W^T for the prompt processor.
+  // Y[n, out] = X[n, in] W^T for the prompt processor. With an fp16 copy of W, the chunks that gemm_gptq
+  // would dequantize for (kDequantCublas) read the copy instead.
   Status prefill_linear(const DeviceLinear& w, const float* in, int64_t n, float* out) {
+    if (w.gptq && w.f16.data && cuda::auto_gemm_algorithm(w.quantized.view(), n) == cuda::GemmAlgorithm::kDequantCublas) {
+      return cuda::gemm_dense(w.f16, in, n, out, prefill.gemm, stream.get());
+    }
     if (w.gptq) return cuda::gemm_gptq(w.quantized.view(), in, n, out, prefill.gemm, stream.get());
     return cuda::gemm_dense(w.dense, in, n, out, prefill.gemm, stream.get());
   }
@@ -470,6 +493,13 @@ void CudaModel::truncate(int64_t n) {
   if (n >= 0 && n < state_->position) state_->position = n;
 }
 
+bool CudaModel::prefill_f16_weights() const {
+  for (const DeviceLayer& l : state_->layers) {
+    if (l.q_proj.f16.data) return true;
+  }
+  return false;
+}
+
 int64_t CudaModel::device_bytes() const {
   const State& s = *state_;
   int64_t bytes = s.weight_bytes + static_cast<int64_t>(s.keys.size() + s.values.size());
@@ -499,11 +529,20 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
                        std::to_string(cuda::kMaxHeadDim) + ", the model has " + std::to_string(c.head_dim));
   }
   PETREL_RETURN_IF_ERROR(cuda::set_device(options.device));
+  bool make_f16 = false;  // options.prefill_f16_weights, resolved
   {
     PETREL_ASSIGN_OR_RETURN(cuda::MemoryInfo memory, cuda::memory_info());
     const cuda::DeviceInfo& d = devices[options.device];
-    PETREL_RETURN_IF_ERROR(check_gpu_memory(gpu_memory_need(model, options.context_length, options.prefill_chunk), memory.free_bytes,
-                                            memory.total_bytes, "CUDA device " + std::to_string(d.index) + " (" + d.name + ")"));
+    const GpuMemoryNeed base = gpu_memory_need(model, options.context_length, options.prefill_chunk, false);
+    const GpuMemoryNeed with_f16 = gpu_memory_need(model, options.context_length, options.prefill_chunk, true);
+    const int64_t f16_bytes = with_f16.total() - base.total();
+    switch (options.prefill_f16_weights) {
+      case PrefillF16Weights::kOff: make_f16 = false; break;
+      case PrefillF16Weights::kOn: make_f16 = f16_bytes > 0; break;
+      case PrefillF16Weights::kAuto: make_f16 = f16_bytes > 0 && 2 * f16_bytes <= memory.free_bytes - base.total(); break;
+    }
+    PETREL_RETURN_IF_ERROR(check_gpu_memory(make_f16 ? with_f16 : base, memory.free_bytes, memory.total_bytes,
+                                            "CUDA device " + std::to_string(d.index) + " (" + d.name + ")"));
   }
 
   auto state = std::make_unique<State>();
@@ -522,9 +561,11 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   PETREL_ASSIGN_OR_RETURN(s.fork_event, cuda::CudaEvent::create());
 
   // Weights, in their stored layouts and dtypes.
+  PETREL_ASSIGN_OR_RETURN(cuda::HostUploader up,
+                          cuda::HostUploader::create(size_t{32} << 20, 3, std::clamp<int>(std::thread::hardware_concurrency(), 1, 8)));
   const LlamaWeights& w = model.weights();
   const size_t embed_bytes = static_cast<size_t>(w.embed_tokens.rows * w.embed_tokens.cols) * dtype_size(w.embed_tokens.dtype);
-  PETREL_ASSIGN_OR_RETURN(s.embed_storage, upload_bytes(w.embed_tokens.data, embed_bytes, "model.embed_tokens.weight"));
+  PETREL_ASSIGN_OR_RETURN(s.embed_storage, upload_bytes(w.embed_tokens.data, embed_bytes, "model.embed_tokens.weight", up));
   s.embed = cuda::DeviceDenseMatrix{w.embed_tokens.dtype, w.embed_tokens.rows, w.embed_tokens.cols, s.embed_storage.data()};
   s.weight_bytes += static_cast<int64_t>(embed_bytes);
   s.layers.resize(c.num_hidden_layers);
@@ -532,31 +573,46 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const LlamaLayerWeights& hw = w.layers[l];
     DeviceLayer& dw = s.layers[l];
-    PETREL_ASSIGN_OR_RETURN(dw.input_norm, upload_norm(hw.input_norm, p + "input_layernorm"));
-    PETREL_ASSIGN_OR_RETURN(dw.post_attn_norm, upload_norm(hw.post_attn_norm, p + "post_attention_layernorm"));
-    PETREL_ASSIGN_OR_RETURN(dw.q_proj, upload_linear(hw.q_proj, p + "self_attn.q_proj"));
-    PETREL_ASSIGN_OR_RETURN(dw.k_proj, upload_linear(hw.k_proj, p + "self_attn.k_proj"));
-    PETREL_ASSIGN_OR_RETURN(dw.v_proj, upload_linear(hw.v_proj, p + "self_attn.v_proj"));
-    PETREL_ASSIGN_OR_RETURN(dw.o_proj, upload_linear(hw.o_proj, p + "self_attn.o_proj"));
-    PETREL_ASSIGN_OR_RETURN(dw.gate_proj, upload_linear(hw.gate_proj, p + "mlp.gate_proj"));
-    PETREL_ASSIGN_OR_RETURN(dw.up_proj, upload_linear(hw.up_proj, p + "mlp.up_proj"));
-    PETREL_ASSIGN_OR_RETURN(dw.down_proj, upload_linear(hw.down_proj, p + "mlp.down_proj"));
+    PETREL_ASSIGN_OR_RETURN(dw.input_norm, upload_norm(hw.input_norm, p + "input_layernorm", up));
+    PETREL_ASSIGN_OR_RETURN(dw.post_attn_norm, upload_norm(hw.post_attn_norm, p + "post_attention_layernorm", up));
+    PETREL_ASSIGN_OR_RETURN(dw.q_proj, upload_linear(hw.q_proj, p + "self_attn.q_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.k_proj, upload_linear(hw.k_proj, p + "self_attn.k_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.v_proj, upload_linear(hw.v_proj, p + "self_attn.v_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.o_proj, upload_linear(hw.o_proj, p + "self_attn.o_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.gate_proj, upload_linear(hw.gate_proj, p + "mlp.gate_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.up_proj, upload_linear(hw.up_proj, p + "mlp.up_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.down_proj, upload_linear(hw.down_proj, p + "mlp.down_proj", up));
     s.weight_bytes += static_cast<int64_t>(dw.input_norm.storage.size() + dw.post_attn_norm.storage.size());
     for (const DeviceLinear* lin : {&dw.q_proj, &dw.k_proj, &dw.v_proj, &dw.o_proj, &dw.gate_proj, &dw.up_proj, &dw.down_proj}) {
       s.weight_bytes += lin->bytes();
     }
   }
-  PETREL_ASSIGN_OR_RETURN(s.final_norm, upload_norm(w.final_norm, "model.norm"));
+  PETREL_ASSIGN_OR_RETURN(s.final_norm, upload_norm(w.final_norm, "model.norm", up));
   s.weight_bytes += static_cast<int64_t>(s.final_norm.storage.size());
   const bool tied = w.lm_head.kind == LinearWeight::Kind::kDense && w.lm_head.dense.data == w.embed_tokens.data;
   if (tied) {
     s.lm_head.dense = s.embed;  // transformers ties lm_head to the embedding: one copy on the device too
   } else {
-    PETREL_ASSIGN_OR_RETURN(s.lm_head, upload_linear(w.lm_head, "lm_head"));
+    PETREL_ASSIGN_OR_RETURN(s.lm_head, upload_linear(w.lm_head, "lm_head", up));
     s.weight_bytes += s.lm_head.bytes();
   }
   const std::vector<float> inv_freq = rope_inverse_frequencies(c.rope, c.head_dim);
-  PETREL_ASSIGN_OR_RETURN(s.inv_freq, upload_bytes(inv_freq.data(), inv_freq.size() * 4, "RoPE inverse frequencies"));
+  PETREL_ASSIGN_OR_RETURN(s.inv_freq, upload_bytes(inv_freq.data(), inv_freq.size() * 4, "RoPE inverse frequencies", up));
+  PETREL_RETURN_IF_ERROR(with_context(up.finish(), "uploading the weights"));
+  if (make_f16) {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      DeviceLayer& dw = s.layers[l];
+      for (DeviceLinear* lin : {&dw.q_proj, &dw.k_proj, &dw.v_proj, &dw.o_proj, &dw.gate_proj, &dw.up_proj, &dw.down_proj}) {
+        if (!lin->gptq) continue;
+        const cuda::DeviceGptqMatrix& q = lin->quantized.view();
+        PETREL_ASSIGN_OR_RETURN(lin->f16_storage, cuda::DeviceBuffer::allocate(static_cast<size_t>(2 * q.rows * q.cols)));
+        PETREL_RETURN_IF_ERROR(cuda::dequantize_gptq(q, lin->f16_storage.data(), s.stream.get()));
+        lin->f16 = cuda::DeviceDenseMatrix{DType::kF16, q.rows, q.cols, lin->f16_storage.data()};
+        s.weight_bytes += static_cast<int64_t>(lin->f16_storage.size());
+      }
+    }
+    PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "dequantizing the fp16 prefill weights"));
+  }
 
   // KV cache and activations.
   const size_t kv_bytes = static_cast<size_t>(c.num_hidden_layers * s.kv_layer_elements()) * 2;
@@ -600,7 +656,32 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
                             cuda::DeviceBuffer::allocate(static_cast<size_t>(prefill_attention_bytes(c, p.chunk, s.options.context_length))));
   }
   PETREL_RETURN_IF_ERROR(cuda::synchronize());
-  return std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
+  auto gpu = std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
+  if (options.warm_up) PETREL_RETURN_IF_ERROR(with_context(gpu->warm_up(), "warming up the CUDA model"));
+  return gpu;
+}
+
+// The first launch of each kernel loads its module (CUDA's lazy loading: ~0.1-1 ms each), cuBLAS loads and
+// picks kernels at its first products, and the decode graph is captured at the first step: together ~50 ms
+// on the H200 that a first query would otherwise pay in its time to first token. Token 0, then forgotten.
+Status CudaModel::warm_up() {
+  State& s = *state_;
+  std::vector<float> logits;
+  if (s.prefill.chunk > 1) {
+    // One prompt per family of GEMM plans (token tiles 8 to 64 with 4 or 8 warps in the fused kernel up to
+    // 160 tokens, dequantize + cuBLAS beyond), as long as the chunk and the context allow.
+    for (int64_t n : {8, 24, 48, 96, 160, 512}) {
+      const int64_t m = std::min({n, s.prefill.chunk, s.options.context_length});
+      if (m < 2) break;
+      const std::vector<int32_t> zeros(static_cast<size_t>(m), 0);
+      PETREL_RETURN_IF_ERROR(forward(zeros, LogitsMode::kLast, &logits));
+      reset();
+      if (m < n) break;
+    }
+  }
+  PETREL_RETURN_IF_ERROR(decode(0, &logits));
+  reset();
+  return ok_status();
 }
 
 Status CudaModel::decode(int32_t token, std::vector<float>* logits) {

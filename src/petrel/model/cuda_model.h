@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "petrel/io/hf_config.h"
@@ -40,6 +41,10 @@
 #include "petrel/util/status.h"
 
 namespace petrel {
+
+enum class PrefillF16Weights { kAuto, kOff, kOn };
+// "auto", "off" or "on" (for the command line); kInvalidArgument otherwise.
+Result<PrefillF16Weights> parse_prefill_f16_weights(const std::string& text);
 
 struct CudaModelOptions {
   int device = 0;                 // as the CUDA runtime numbers GPUs
@@ -59,17 +64,30 @@ struct CudaModelOptions {
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
   // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
   int64_t prefill_chunk = 512;
+  // Run a few prompts and one decode step in create() (then forget them), so that the one-time costs of the
+  // first launches (module loading, cuBLAS's kernel choice, the decode graph's capture) count in the init
+  // time, not in the first query's time to first token.
+  bool warm_up = true;
+  // An fp16 copy of every GPTQ decoder linear (dequantized on the GPU in create(): 2 bytes a weight, 14 GB
+  // for Llama-3.1-8B), read by the prompt processor's long chunks (where kernels/cuda/gemm.h would dequantize
+  // on every call: ~30% of a 512-token chunk's time on the H200) as plain cuBLAS products; same numerics.
+  // Short chunks (up to 160 tokens) and decode keep reading the 4-bit weights. kAuto: on when the copies take
+  // at most half of the GPU memory that would be left free without them (an 8B model on an 80 GB or larger
+  // GPU: yes; on a 24 GB one: no).
+  PrefillF16Weights prefill_f16_weights = PrefillF16Weights::kAuto;
 };
 
 // What create() allocates on the device, computed from the host model before anything is uploaded.
 struct GpuMemoryNeed {
-  int64_t weight_bytes = 0;    // as uploaded (GPTQ codes, scales and zeros; dense matrices in their dtype)
+  int64_t weight_bytes = 0;    // as uploaded (GPTQ codes, scales and zeros; dense matrices in their dtype),
+                               // plus the fp16 copies of prefill_f16_weights
   int64_t kv_cache_bytes = 0;  // fp16 keys and values for context_length positions
   int64_t scratch_bytes = 0;   // activations, workspaces and a fixed headroom
   int64_t context_length = 0;
   int64_t total() const { return weight_bytes + kv_cache_bytes + scratch_bytes; }
 };
-GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, int64_t prefill_chunk = 512);
+GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, int64_t prefill_chunk = 512,
+                              bool prefill_f16_weights = false);
 // Fails with kUnsupported when `need` does not fit in `free_bytes`, naming both numbers, e.g.
 // "not enough GPU memory on CUDA device 0 (NVIDIA H200): the model needs 5.10 GiB (5476083712 bytes: weights
 // 4.60 GiB + fp16 KV cache 0.50 GiB for 4096 positions + scratch 0.01 GiB), 2.00 GiB (2147483648 bytes) is
@@ -89,6 +107,7 @@ class CudaModel {
   int64_t position() const;        // tokens in the KV cache; the next token goes here
   int64_t context_length() const;
   int64_t device_bytes() const;    // weights, KV cache and scratch on the GPU
+  bool prefill_f16_weights() const;  // whether the fp16 copies for the prompt processor were made
   void reset();                    // forget the sequence (memory is kept)
   void truncate(int64_t n);        // drop positions >= n
 
@@ -105,6 +124,7 @@ class CudaModel {
  private:
   struct State;
   explicit CudaModel(std::unique_ptr<State> state);
+  Status warm_up();
   std::unique_ptr<State> state_;
 };
 

@@ -80,6 +80,7 @@ struct EngineOptions {
   Backend backend = Backend::kAuto;
   int device = 0;                  // cuda: the GPU, as the CUDA runtime numbers them
   int64_t context_length = 4096;   // cuda: KV cache positions allocated on the GPU (a Session may use fewer)
+  PrefillF16Weights cuda_prefill_f16_weights = PrefillF16Weights::kAuto;  // cuda: CudaModelOptions's (memory for prompt speed)
   ModelLoadOptions model;
 };
 

@@ -71,6 +71,7 @@ CudaEvent::CudaEvent(CudaEvent&&) noexcept {}
 CudaEvent& CudaEvent::operator=(CudaEvent&&) noexcept { return *this; }
 Status CudaEvent::record(Stream) const { return not_built(); }
 Status CudaEvent::wait_in(Stream) const { return not_built(); }
+Status CudaEvent::synchronize() const { return not_built(); }
 CudaGraph::~CudaGraph() = default;
 CudaGraph::CudaGraph(CudaGraph&&) noexcept {}
 CudaGraph& CudaGraph::operator=(CudaGraph&&) noexcept { return *this; }
@@ -139,6 +140,7 @@ Status gemm_gptq(const DeviceGptqMatrix&, const float*, int64_t, float*, GemmWor
 }
 Status gemm_dense(const DeviceDenseMatrix&, const float*, int64_t, float*, GemmWorkspace&, Stream) { return not_built(); }
 Status convert_floats(const float*, int64_t, DType, void*, Stream) { return not_built(); }
+Status dequantize_gptq(const DeviceGptqMatrix&, void*, Stream) { return not_built(); }
 
 }  // namespace petrel::cuda
 

@@ -143,6 +143,11 @@ Status gemm_gptq(const DeviceGptqMatrix& w, const float* x, int64_t m, float* y,
 Status gemm_dense(const DeviceDenseMatrix& w, const float* x, int64_t m, float* y, GemmWorkspace& workspace,
                   Stream stream = nullptr);
 
+// W as fp16 [w.rows, w.cols] row-major (nn.Linear's layout) into `out` (2 * rows * cols bytes, 16-byte
+// aligned): each weight fp16(scale * (code - zero)), exactly what kDequantCublas multiplies. For a cache of
+// dequantized weights (CudaModelOptions::prefill_f16_weights) that gemm_dense then reads as F16.
+Status dequantize_gptq(const DeviceGptqMatrix& w, void* out, Stream stream = nullptr);
+
 // out[i] = x[i] rounded to `dtype` (F16 or BF16, round to nearest even) for i < n, on `stream`; out holds
 // 2-byte elements. x and out 16-byte aligned. The staging step of gemm_dense, usable on its own.
 Status convert_floats(const float* x, int64_t n, DType dtype, void* out, Stream stream = nullptr);

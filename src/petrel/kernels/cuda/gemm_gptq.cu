@@ -655,6 +655,21 @@ Status run_dequant_cublas(const DeviceGptqMatrix& w, const float* x, int64_t m, 
 
 }  // namespace
 
+Status dequantize_gptq(const DeviceGptqMatrix& w, void* out, Stream stream) {
+  PETREL_RETURN_IF_ERROR(gemm_gptq_supports(w));
+  if (!w.qweight || !w.scales || !w.qzeros || !out) return invalid_argument("dequantize_gptq: null device pointer");
+  if (reinterpret_cast<uintptr_t>(out) % 16 != 0) return invalid_argument("dequantize_gptq: out must be 16-byte aligned");
+  const int64_t words = w.cols * w.bits / 32;
+  if ((w.rows + kDequantRows - 1) / kDequantRows > 65535) return unsupported("dequantize_gptq: " + describe(w, 0) + " has too many rows");
+  const DequantArgs args{w.qweight, w.scales, w.qzeros, static_cast<__half*>(out), w.rows, w.cols, words, w.group_size,
+                         0, w.rows, w.zero_offset};
+  const dim3 grid(static_cast<unsigned>((words + kDequantWords - 1) / kDequantWords),
+                  static_cast<unsigned>((w.rows + kDequantRows - 1) / kDequantRows));
+  if (w.bits == 4) dequantize_rows<4><<<grid, kDequantThreads, 0, stream>>>(args);
+  else dequantize_rows<8><<<grid, kDequantThreads, 0, stream>>>(args);
+  return cuda_status(cudaGetLastError(), "dequantize_gptq launch, " + describe(w, 0));
+}
+
 Status gemm_gptq(const DeviceGptqMatrix& w, const float* x, int64_t m, float* y, GemmWorkspace& workspace,
                  Stream stream, const GemmOptions& options) {
   PETREL_ASSIGN_OR_RETURN(GemmPlan plan, plan_gemm_gptq(w, m, workspace.multiprocessors(), workspace.capacity(),

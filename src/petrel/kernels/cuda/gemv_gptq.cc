@@ -117,7 +117,7 @@ Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members
   return plan_row_blocks(*members[0].w, row_blocks, multiprocessors, partial_capacity, options, what);
 }
 
-Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host) {
+Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host, HostUploader* uploader) {
   DeviceGptqWeights weights;
   DeviceGptqMatrix& v = weights.view_;
   v.bits = host.bits;
@@ -141,9 +141,15 @@ Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host)
   PETREL_ASSIGN_OR_RETURN(weights.qweight_, DeviceBuffer::allocate(qweight_bytes));
   PETREL_ASSIGN_OR_RETURN(weights.scales_, DeviceBuffer::allocate(scales_bytes));
   PETREL_ASSIGN_OR_RETURN(weights.qzeros_, DeviceBuffer::allocate(qzeros_bytes));
-  PETREL_RETURN_IF_ERROR(weights.qweight_.upload(host.qweight, qweight_bytes));
-  PETREL_RETURN_IF_ERROR(weights.scales_.upload(host.scales, scales_bytes));
-  PETREL_RETURN_IF_ERROR(weights.qzeros_.upload(host.qzeros, qzeros_bytes));
+  if (uploader) {
+    PETREL_RETURN_IF_ERROR(uploader->copy(weights.qweight_.data(), host.qweight, qweight_bytes));
+    PETREL_RETURN_IF_ERROR(uploader->copy(weights.scales_.data(), host.scales, scales_bytes));
+    PETREL_RETURN_IF_ERROR(uploader->copy(weights.qzeros_.data(), host.qzeros, qzeros_bytes));
+  } else {
+    PETREL_RETURN_IF_ERROR(weights.qweight_.upload(host.qweight, qweight_bytes));
+    PETREL_RETURN_IF_ERROR(weights.scales_.upload(host.scales, scales_bytes));
+    PETREL_RETURN_IF_ERROR(weights.qzeros_.upload(host.qzeros, qzeros_bytes));
+  }
   v.qweight = weights.qweight_.as<const int32_t>();
   v.scales = weights.scales_.as<const uint16_t>();
   v.qzeros = weights.qzeros_.as<const int32_t>();

@@ -14,6 +14,7 @@
 #include <span>
 
 #include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/uploader.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/util/status.h"
@@ -41,7 +42,9 @@ struct DeviceGptqMatrix {
 class DeviceGptqWeights {
  public:
   // Uploads `host` to the current device; refuses act-order (g_idx) and shapes gemv_gptq cannot read.
-  static Result<DeviceGptqWeights> upload(const ref::GptqMatrix& host);
+  // With `uploader`, the copies are queued on it (HostUploader::finish() before the first use); without, they
+  // are synchronous cudaMemcpy calls.
+  static Result<DeviceGptqWeights> upload(const ref::GptqMatrix& host, HostUploader* uploader = nullptr);
   const DeviceGptqMatrix& view() const { return view_; }
 
  private:

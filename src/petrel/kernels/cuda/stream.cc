@@ -59,6 +59,8 @@ Status CudaEvent::wait_in(Stream stream) const {
   return cuda_status(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent");
 }
 
+Status CudaEvent::synchronize() const { return cuda_status(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+
 CudaGraph::~CudaGraph() {
   if (exec_) cudaGraphExecDestroy(exec_);
 }

@@ -52,6 +52,8 @@ class CudaEvent {
   Status record(Stream stream) const;
   // Work issued on `stream` after this call waits for the work recorded before the last record().
   Status wait_in(Stream stream) const;
+  // The host waits for the work recorded before the last record().
+  Status synchronize() const;
 
  private:
   CUevent_st* event_ = nullptr;
