@@ -13,11 +13,13 @@
 //
 // Variants (CudaModelOptions), all with the step replayed from a CUDA graph unless named "-nograph":
 //   unfused           the unfused step: 11 launches per layer, k/v and up on side streams
-//   fused-serial      the fused step (5 launches per layer), launched without overlap and without L2 prefetch
+//   fused             CudaModelOptions' defaults: the fused step (5 launches per layer), no overlap, no prefetch
+//   fused-serial      the fused step without overlap and without L2 prefetch, whatever the defaults
 //   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
-//   fused             fused-overlap plus the default L2 prefetch of each GEMV block's first weights (the default)
+//   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
 //   fused-prefetch64  the same with 64 steps of prefetch
 //   unfused-nograph, fused-nograph: launched kernel by kernel
+//   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
 // captured in one graph (weights rotating over copies of >= 256 MB so that they come from device memory;
 // the KV cache and activations are small and stay in L2, as in the step), without overlap, and for the fused
@@ -161,7 +163,7 @@ struct Options {
   int reps = 3;
   int n_gen = 128;
   bool kernels = false;
-  std::vector<std::string> variants = {"unfused", "fused-serial", "fused-overlap", "fused", "fused-prefetch64"};
+  std::vector<std::string> variants = {"unfused", "fused", "fused-overlap", "fused-prefetch", "fused-prefetch64"};
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -175,15 +177,27 @@ std::vector<std::string> split_list(const std::string& s) {
 
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
-  const std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
+  std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
+  // "-splitN": N KV positions per attention block (CudaModelOptions::attention_split).
+  if (const size_t at = base.find("-split"); at != std::string::npos) {
+    const std::string digits = base.substr(at + 6);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+    o.attention_split = std::stoll(digits);
+    base = base.substr(0, at);
+  }
   if (base == "unfused") {
     o.fused_step = false;
   } else if (base == "fused-serial") {
     o.overlap_kernels = false;
     o.gemv_l2_prefetch_steps = 0;
   } else if (base == "fused-overlap") {
+    o.overlap_kernels = true;
     o.gemv_l2_prefetch_steps = 0;
+  } else if (base == "fused-prefetch") {
+    o.overlap_kernels = true;
+    o.gemv_l2_prefetch_steps = 16;
   } else if (base == "fused-prefetch64") {
+    o.overlap_kernels = true;
     o.gemv_l2_prefetch_steps = 64;
   } else if (base != "fused") {
     return false;
@@ -587,6 +601,7 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
   for (const std::string& variant : o.variants) {
     CudaModelOptions options;
     options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);
+    options.warm_up = false;  // "upload s" is the upload; rep -1 below warms up
     if (!variant_options(variant, options)) {
       std::fprintf(stderr, "unknown variant '%s'\n", variant.c_str());
       std::exit(2);

@@ -15,7 +15,7 @@
 // With GPTQ decoder linears the step is fused by default (CudaModelOptions::fused_step): per layer a q/k/v
 // grouped GEMV with the RMSNorm in its input staging, one RoPE + KV store + attention + combine kernel, the
 // o_proj GEMV adding into the residual stream, a gate/up grouped GEMV with the RMSNorm, and the down GEMV with
-// SiLU*up in and the residual add out: five launches, each overlapping the one before it.
+// SiLU*up in and the residual add out: five launches (optionally each overlapping the one before it).
 // Every kernel reads the token and the position from device memory, so the step (without the LM head) is
 // captured once in a CUDA graph and replayed; the LM head runs only when logits are wanted.
 //
@@ -56,11 +56,13 @@ struct CudaModelOptions {
   // or a float checkpoint: the unfused sequence (eleven launches per layer, side streams), kept for comparison.
   bool fused_step = true;
   // In the fused step, each kernel may start while the one before it finishes (programmatic dependent launch;
-  // Hopper and later GPUs, ignored on older ones).
-  bool overlap_kernels = true;
-  // In the fused step, steps of weights each GEMV block prefetches into L2 before it waits for the previous
+  // Hopper and later GPUs, ignored on older ones). Off by default: on the H200 the 8B step ran 2-4% slower
+  // with it (per channel: 306.8 and 311.6 tok/s against 319.8 and 319.2 without, two runs; group 128: a tie),
+  // docs/PERFORMANCE.md.
+  bool overlap_kernels = false;
+  // With overlap_kernels, steps of weights each GEMV block prefetches into L2 before it waits for the previous
   // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). A tuning knob for the benchmark.
-  int gemv_l2_prefetch_steps = 16;
+  int gemv_l2_prefetch_steps = 0;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
   // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
   int64_t prefill_chunk = 512;
