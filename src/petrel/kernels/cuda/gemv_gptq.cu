@@ -101,11 +101,14 @@
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
 
 namespace petrel::cuda {
 
 namespace {
+
+using namespace ptx;  // gptq_ptx.cuh: fp16x2 arithmetic, mma, dequantization
 
 constexpr int kRowsPerBlock = GemvPlan::kRowsPerBlock;  // 4 warps x 32 rows (tensor core), 32 lanes x 4 rows
 constexpr int kThreads = GemvPlan::kThreadsPerBlock;
@@ -175,52 +178,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
-}
-
-__device__ __forceinline__ uint32_t sub_f16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t fma_f16x2(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// {lo, hi} as an fp16 pair, lo in the low half (the first element of an mma register).
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// d[0..3] += A(16x16, f16) * B(16x8, f16), float32 accumulation.
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-constexpr uint32_t kHalf1024x2 = 0x64006400u;     // fp16 1024 in both halves: the magic exponent
-constexpr uint32_t kHalfSixteenthx2 = 0x2C002C00u;  // fp16 1/16 in both halves
-
-// The 8 codes of a 4-bit word as four fp16 pairs of (code - zero): {c0, c4}, {c1, c5}, {c2, c6}, {c3, c7}.
-// bias_low = {1024 + z} x2; bias_high = {-(64 + z)} x2, since a code in bits 4..7 of a half reads 16 c + 1024.
-__device__ __forceinline__ void dequant_word4(uint32_t w, uint32_t bias_low, uint32_t bias_high, uint32_t (&v)[4]) {
-  const uint32_t w8 = w >> 8;
-  v[0] = sub_f16x2((w & 0x000F000Fu) | kHalf1024x2, bias_low);
-  v[1] = fma_f16x2((w & 0x00F000F0u) | kHalf1024x2, kHalfSixteenthx2, bias_high);
-  v[2] = sub_f16x2((w8 & 0x000F000Fu) | kHalf1024x2, bias_low);
-  v[3] = fma_f16x2((w8 & 0x00F000F0u) | kHalf1024x2, kHalfSixteenthx2, bias_high);
-}
-
-// The 4 codes of an 8-bit word as two fp16 pairs of (code - zero): {c0, c2}, {c1, c3}.
-__device__ __forceinline__ void dequant_word8(uint32_t w, uint32_t bias_low, uint32_t (&v)[2]) {
-  v[0] = sub_f16x2((w & 0x00FF00FFu) | kHalf1024x2, bias_low);
-  v[1] = sub_f16x2(((w >> 8) & 0x00FF00FFu) | kHalf1024x2, bias_low);
 }
 
 // Scale and zero of 4 consecutive rows (row % 4 == 0) in one group.
