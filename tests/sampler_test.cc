@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <random>
 
 namespace petrel {
 namespace {
@@ -25,6 +28,26 @@ TEST(Sampler, ArgmaxPicksLowestIndexOnTies) {
   EXPECT_EQ(Sampler(SamplerConfig::greedy_config()).sample(logits, {}), 1);
 }
 
+TEST(Sampler, ArgmaxMatchesAPlainScanOnTiesNansAndOddLengths) {
+  std::mt19937 gen(5);
+  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63}, size_t{1000}, size_t{128256}}) {
+    for (int trial = 0; trial < 5; ++trial) {
+      std::vector<float> v(n);
+      for (auto& x : v) {
+        x = static_cast<float>(static_cast<int>(gen() % 9) - 4);  // ties
+        if (x == 0.0f && gen() % 2) x = -0.0f;                      // and zeros of both signs
+      }
+      if (trial == 1) v[gen() % n] = std::nanf("");
+      if (trial == 2) v[0] = std::nanf("");
+      int32_t expected = 0;
+      for (size_t i = 1; i < n; ++i) {
+        if (v[i] > v[expected]) expected = static_cast<int32_t>(i);
+      }
+      EXPECT_EQ(argmax(v), expected) << "n " << n << " trial " << trial;
+    }
+  }
+}
+
 TEST(Sampler, SameSeedSameSequence) {
   std::vector<float> logits(50);
   for (int i = 0; i < 50; ++i) logits[i] = 0.1f * (i % 7);
@@ -34,6 +57,51 @@ TEST(Sampler, SameSeedSameSequence) {
   c.seed = 42;
   Sampler a(c), b(c);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(a.sample(logits, {}), b.sample(logits, {}));
+}
+
+// The sampler's one-pass top-k against a plain reference (sort every (logit, id) pair, keep k, top-p, softmax
+// at the temperature, draw with the same engine): the same ids, draw for draw, on logits full of ties.
+int32_t reference_sample(const std::vector<float>& logits, const SamplerConfig& c, std::mt19937_64& rng) {
+  std::vector<std::pair<float, int32_t>> all;
+  for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) all.push_back({logits[i], i});
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  if (c.top_k > 0 && static_cast<size_t>(c.top_k) < all.size()) all.resize(c.top_k);
+  if (c.top_p < 1.0f) {
+    double total = 0.0, cumulative = 0.0;
+    for (const auto& a : all) total += std::exp(static_cast<double>(a.first - all[0].first));
+    size_t keep = 0;
+    while (keep < all.size()) {
+      cumulative += std::exp(static_cast<double>(all[keep].first - all[0].first)) / total;
+      ++keep;
+      if (cumulative >= c.top_p) break;
+    }
+    all.resize(std::max<size_t>(keep, 1));
+  }
+  std::vector<double> w;
+  double total = 0.0;
+  for (const auto& a : all) total += w.emplace_back(std::exp(static_cast<double>((a.first - all[0].first) * (1.0f / c.temperature))));
+  double r = std::uniform_real_distribution<double>(0.0, total)(rng);
+  for (size_t i = 0; i < all.size(); ++i) {
+    r -= w[i];
+    if (r < 0) return all[i].second;
+  }
+  return all.back().second;
+}
+
+TEST(Sampler, TopKMatchesAFullSortReference) {
+  std::mt19937 gen(3);
+  std::vector<float> logits(5000);
+  for (int k : {1 + 1, 7, 40, 4999, 5000, 0}) {
+    for (auto& v : logits) v = 0.5f * static_cast<float>(gen() % 40);  // many ties
+    SamplerConfig c;
+    c.temperature = 0.7f;
+    c.top_k = k;
+    c.top_p = 0.9f;
+    c.seed = 11;
+    Sampler s(c);
+    std::mt19937_64 rng(11);
+    for (int draw = 0; draw < 50; ++draw) ASSERT_EQ(s.sample(logits, {}), reference_sample(logits, c, rng)) << "top_k " << k;
+  }
 }
 
 TEST(Sampler, TopKRestrictsToTheKBest) {

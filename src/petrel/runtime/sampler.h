@@ -47,7 +47,9 @@ class Sampler {
   SamplerConfig config_;
   uint64_t seed_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;  // (logit, id), reused between calls
+  std::vector<float> adjusted_;                        // the logits after penalties, reused between calls
+  std::vector<float> block_max_;                       // top-k's per-block maxima, reused between calls
+  std::vector<std::pair<float, int32_t>> candidates_;  // (logit, id) survivors, reused between calls
 };
 
 // Index of the largest value, the lowest index on ties (as torch.argmax).
