@@ -157,8 +157,10 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
                        4 * c.num_attention_heads * (need.context_length / 16 + 1) * (c.head_dim + 2) + (int64_t{64} << 20);
   if (prefill_chunk > 1) {
     const int64_t chunk = std::min(prefill_chunk, need.context_length);
+    // The [chunk, vocab] logits of a kAll prompt are allocated at the first one (validation, perplexity), but
+    // counted here so that the check up front covers them.
     need.scratch_bytes += prefill_activation_bytes(c, chunk) + prefill_attention_bytes(c, chunk, need.context_length) +
-                          kGemmWorkspaceBytes;
+                          kGemmWorkspaceBytes + chunk * c.vocab_size * 4;
   }
   return need;
 }
