@@ -456,7 +456,7 @@ struct CudaModel::State {
     } else if (logits) {
       // The last row through the token generator's LM head (one GEMV instead of a GEMM of n rows).
       PETREL_RETURN_IF_ERROR(cuda::copy_on_device(normed.data(), p.normed.as<float>() + (n - 1) * c.hidden_size,
-                                                         static_cast<size_t>(c.hidden_size) * 4, s));
+                                                  static_cast<size_t>(c.hidden_size) * 4, s));
       PETREL_RETURN_IF_ERROR(linear(lm_head, normed, this->logits));
       PETREL_RETURN_IF_ERROR(cuda::copy_to_host(host_logits.data(), this->logits.data(), row_bytes, s));
     }
