@@ -39,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuda_bench_util.h"
 #include "petrel/io/hf_config.h"
 #include "petrel/io/tensor_source.h"
 #include "petrel/kernels/cuda/attention.h"
@@ -57,13 +58,11 @@
 namespace {
 
 using namespace petrel;
-
-void check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
-    std::exit(1);
-  }
-}
+using petrel::bench::check;
+using petrel::bench::copy_bandwidth_gbs;
+using petrel::bench::median;
+using petrel::bench::take;
+#define CHECK_CUDA PETREL_BENCH_CHECK_CUDA
 
 // Random GPTQ tensors held in memory, named as a GPTQ checkpoint names them.
 class RandomGptqSource : public TensorSource {
@@ -203,51 +202,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     return false;
   }
   return true;
-}
-
-#define CHECK_CUDA(call)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-template <typename T>
-T take(Result<T> r, const char* what) {
-  check(r.status(), what);
-  return std::move(r).value();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Device-to-device copy bandwidth, bytes read plus bytes written per second (GB/s), median of `reps`.
-double copy_bandwidth_gbs(cudaStream_t stream, int reps) {
-  const size_t bytes = size_t{1} << 30;
-  auto src = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
-  auto dst = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
-  check(src.fill_bytes(1), "memset");
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-  std::vector<double> samples;
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
-  }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  return median(samples);
 }
 
 // Median time per call (us) of `calls` launches captured in one CUDA graph, over `reps` replays.

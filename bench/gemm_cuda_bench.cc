@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuda_bench_util.h"
 #include "petrel/kernels/cuda/blas_check.h"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/device.h"
@@ -40,33 +41,11 @@
 namespace {
 
 using namespace petrel;
-
-#define CHECK_CUDA(call)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-void check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
-    std::exit(1);
-  }
-}
-
-template <typename T>
-T take(Result<T> r, const char* what) {
-  check(r.status(), what);
-  return std::move(r).value();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using petrel::bench::check;
+using petrel::bench::copy_bandwidth_gbs;
+using petrel::bench::median;
+using petrel::bench::take;
+#define CHECK_CUDA PETREL_BENCH_CHECK_CUDA
 
 struct Timing {
   double stream_us = 0;  // launched on a stream
@@ -129,17 +108,6 @@ Timing time_calls(cudaStream_t stream, int reps, Call call, bool with_graph = tr
   CHECK_CUDA(cudaEventDestroy(stop));
   CHECK_CUDA(cudaGetLastError());
   return t;
-}
-
-double copy_bandwidth_gbs(cudaStream_t stream, int reps) {
-  const size_t bytes = size_t{1} << 30;
-  auto src = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
-  auto dst = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
-  check(src.fill_bytes(1), "memset");
-  const double us = time_calls(stream, reps, [&](int) {
-    return cuda::cuda_status(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream), "copy");
-  }, false).stream_us;
-  return 2.0 * bytes / (us * 1e-6) / 1e9;
 }
 
 struct Shape {

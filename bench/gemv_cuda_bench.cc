@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuda_bench_util.h"
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/ref/ops.h"
@@ -38,28 +39,11 @@ double pattern_read_gbs(const void* buffer, size_t buffer_bytes, int64_t rows, i
 namespace {
 
 using namespace petrel;
-
-#define CHECK_CUDA(call)                                                                              \
-  do {                                                                                                \
-    cudaError_t e_ = (call);                                                                          \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));     \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
-
-void check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
-    std::exit(1);
-  }
-}
-
-template <typename T>
-T take(Result<T> r, const char* what) {
-  check(r.status(), what);
-  return std::move(r).value();
-}
+using petrel::bench::check;
+using petrel::bench::copy_bandwidth_gbs;
+using petrel::bench::median;
+using petrel::bench::take;
+#define CHECK_CUDA PETREL_BENCH_CHECK_CUDA
 
 struct Shape {
   const char* name;
@@ -67,11 +51,6 @@ struct Shape {
   int bits;
   int64_t group;  // -1: per-channel
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Random GPTQ tensors of the right shape, packed as quant::pack_gptq would (v1 zeros).
 quant::GptqTensors random_gptq(const Shape& s, std::mt19937& rng) {
@@ -146,32 +125,6 @@ Timing time_gemv(const std::vector<cuda::DeviceGptqMatrix>& copies, const float*
   CHECK_CUDA(cudaEventDestroy(stop));
   CHECK_CUDA(cudaGetLastError());
   return t;
-}
-
-// Device-to-device copy bandwidth, bytes read plus bytes written per second (GB/s).
-double copy_bandwidth_gbs(cudaStream_t stream, int reps) {
-  const size_t bytes = size_t{1} << 30;
-  auto src = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
-  auto dst = take(cuda::DeviceBuffer::allocate(bytes), "alloc");
-  check(src.fill_bytes(1), "memset");
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-  std::vector<double> samples;
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
-  }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
 }
 
 const char* algorithm_name(cuda::GemvAlgorithm a) {
