@@ -257,13 +257,7 @@ TEST(PrefillCuda, QuantizedTinyLlamaAgreesWithTheCpuPromptProcessor) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   for (int64_t group : {int64_t{-1}, int64_t{128}}) {
     testing::TempDir dir("cuda_prefill_" + std::to_string(group < 0 ? 0 : group));
-    quant::QuantizeOptions q;
-    q.method = quant::QuantMethod::kRtn;
-    q.scheme.group_size = group;
-    q.show_progress = false;
-    Status quantized = quant::quantize_checkpoint(data_dir() / "models/tiny-llama31", dir / "q", q);
-    ASSERT_TRUE(quantized.ok()) << quantized.to_string();
-    auto model = LlamaModel::load(dir / "q");
+    auto model = testing::rtn_tiny_llama(dir / "q", group);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     // A longer prompt than the parity fixture: the corpus's tokens, ids < vocab.
     std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "petrel/model/llama.h"
+#include "petrel/quant/quantize_checkpoint.h"
 #include "petrel/util/file.h"
 
 namespace petrel::testing {
@@ -89,6 +91,17 @@ inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale
   std::vector<float> v(n);
   for (float& x : v) x = normal(rng);
   return v;
+}
+
+// tiny-llama31 quantized with RTN into `out` (4-bit per channel when group < 0, else groups of `group`;
+// 8-bit LM head) and loaded: the GPU tests' small quantized model.
+inline Result<std::unique_ptr<LlamaModel>> rtn_tiny_llama(const std::filesystem::path& out, int64_t group) {
+  quant::QuantizeOptions q;
+  q.method = quant::QuantMethod::kRtn;
+  q.scheme.group_size = group;
+  q.show_progress = false;
+  PETREL_RETURN_IF_ERROR(quant::quantize_checkpoint(data_dir() / "models/tiny-llama31", out, q));
+  return LlamaModel::load(out);
 }
 
 }  // namespace petrel::testing
