@@ -42,6 +42,17 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// GPU 0, made the current device; exits with "no CUDA device: <why>" when there is none.
+inline cuda::DeviceInfo open_first_device() {
+  auto devices = take(cuda::list_devices(), "list_devices");
+  if (devices.empty()) {
+    std::fprintf(stderr, "no CUDA device: %s\n", cuda::no_device_reason().c_str());
+    std::exit(1);
+  }
+  check(cuda::set_device(0), "set_device");
+  return devices[0];
+}
+
 // Device-to-device copy bandwidth, bytes read plus bytes written per second (GB/s), median of `reps` copies
 // of 1 GiB after one warm-up copy.
 inline double copy_bandwidth_gbs(cudaStream_t stream, int reps) {

@@ -152,13 +152,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto devices = take(cuda::list_devices(), "list_devices");
-  if (devices.empty()) {
-    std::fprintf(stderr, "no CUDA device: %s\n", cuda::no_device_reason().c_str());
-    return 1;
-  }
-  const cuda::DeviceInfo& dev = devices[0];
-  check(cuda::set_device(0), "set_device");
+  const cuda::DeviceInfo dev = petrel::bench::open_first_device();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto ws = take(cuda::GemvWorkspace::create(), "workspace");

@@ -9,6 +9,8 @@ namespace petrel::cuda {
 namespace {
 
 // Below this a chunk piece is copied by the calling thread alone (a thread start costs ~20 us).
+// Threads of its own rather than util's ThreadPool: that pool takes one caller at a time, and a model load
+// must not contend with (or wait behind) CPU kernels another engine runs on it.
 constexpr size_t kParallelCopyBytes = size_t{4} << 20;
 
 void parallel_copy(void* dst, const void* src, size_t bytes, int threads) {
