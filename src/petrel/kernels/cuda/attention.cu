@@ -19,19 +19,25 @@
 // sum_s l_s e^(m_s - M).
 // Numerics: float32 throughout, scores = dot(q, k) * (1 / sqrt(head_dim)) as ref::attention, exp via expf;
 // only summation order and the split-wise rescaling differ from the reference.
-// Fused kernel (decode_attention_rope, the fused decode step): the same blocks and arithmetic, plus in front
-// RoPE of this token's query heads (each block rotates its group's G heads into shared memory; cos/sin as
-// rope.cu, angle in float32, cos/sin in double rounded to float, no FMA contraction) and, in the block whose
-// split holds *position, the rotated key and the value rounded to fp16 and stored at that row; and behind,
-// the combine, done by the last split of each KV head to arrive (an atomic counter per KV head, reset by that
-// block, partials through L2 as gemv_gptq's split-K): one launch instead of three (rope_store_kv, partial,
-// combine). Before it waits for the projections (programmatic dependent launch, programmatic_launch.cuh) a
-// block computes cos/sin and asks its split's cache rows into L2; the scores load 4 key rows per warp before
-// the dot products and the value loop is unrolled, so a block waits for memory a few times, not once per
-// position. The cache is read with ld.global.cg, so the row this block stored is seen by all its threads.
-// Tuning: the KV cache is small next to the weights at the lengths the token generator is measured at
-// (Llama-3.1-8B, 128 positions: 256 KB per layer against 120 MB of W4 weights), so this kernel aims at few,
-// cheap launches; the split (decode_attention_split) gives enough blocks to spread long contexts over the SMs.
+// Fused kernel (decode_attention_rope, the fused decode step): one launch instead of three (rope_store_kv,
+// partial, combine), laid out for latency, since at the lengths the token generator runs at the KV cache is
+// small next to the weights (Llama-3.1-8B, 128 positions: 256 KB a layer against 120 MB of W4 weights) and
+// what costs is the chain of dependent steps in a block. Block (kv_head, y), y < n_blocks =
+// min(ceil(context_length / 32), 32); the n = *position + 1 positions are cut on the device into chunks of 32
+// and each block takes an equal run of whole chunks (so at tg128 each of the first few blocks has one chunk and
+// the rest return at once). Warp w takes the query heads w, w + 4, ... of the group; per chunk, lane t
+// scores position c0 + t (its key row read with 16-byte loads, q broadcast from shared memory), the warp
+// updates an online softmax (running max and sum, shuffles), and each lane accumulates its value dims
+// (adjacent pairs, 8 rows' loads in flight, each row's weight shuffled from the lane that scored it). No
+// block-wide reduction: a warp's heads are its own. In front, each lane computes cos/sin of the RoPE pairs
+// it rotates (rope.cu's float32 angle, double cos/sin rounded to float, no FMA contraction), rotates its
+// warp's query heads into shared memory and, in the block holding *position, the key, storing it and the
+// value as fp16 at that row. Behind, the last block of each KV head to arrive (an atomic counter per KV head,
+// reset by that block; partials through L2 as gemv_gptq's split-K) combines the blocks' (max, sum, values);
+// a lone block writes the output itself. Before it waits for the projections (programmatic dependent launch,
+// programmatic_launch.cuh) a block computes cos/sin and asks its rows into L2. The cache is read with
+// ld.global.cg, so the row this block stored is seen by all its threads. split_positions applies to the
+// two-launch path only.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -147,7 +153,8 @@ __global__ void attention_combine_kernel(const float* partial_out, const float* 
   }
 }
 
-// The fused kernel (decode_attention_rope): block (kv_head, split), kThreads threads.
+// The fused kernel (decode_attention_rope): block (kv_head, y) of kThreads threads; warp w works on the query
+// heads w, w + kWarps, ... of the KV head's group over the block's positions (see the file comment).
 struct RopeAttentionArgs {
   const float* q;  // [n_heads, head_dim], not rotated
   const float* k;  // [n_kv_heads, head_dim], not rotated
@@ -156,244 +163,291 @@ struct RopeAttentionArgs {
   const int32_t* position;
   __half* keys;
   __half* values;
-  float* partial_out;  // [n_splits, n_heads, head_dim]
-  float* partial_max;  // [n_splits, n_heads]
-  float* partial_sum;  // [n_splits, n_heads]
+  float* partial_out;  // [n_blocks, n_heads, head_dim]: unnormalized sums of e^(s - m) v
+  float* partial_max;  // [n_blocks, n_heads]: m
+  float* partial_sum;  // [n_blocks, n_heads]: sum of e^(s - m)
   uint32_t* counters;  // [n_kv_heads]
   float* out;          // [n_heads, head_dim]
-  int n_heads, n_kv_heads, head_dim, group, split;
+  int n_heads, n_kv_heads, head_dim, group, n_blocks;
   float scale;
 };
 
-// Positions a warp's scores step loads together (one key row per position, all loads issued before the dots).
-constexpr int kPositionsPerLoad = 8;
-// Query heads of a group whose value sums a thread carries at once (registers), and the shared memory their
-// reduction over position parts takes.
-constexpr int kHeadsPerPass = 8;
-constexpr int64_t kValueReductionBytes = int64_t{kThreads} * 2 * kHeadsPerPass * 4;
+// Positions a warp scores at once: one per lane.
+constexpr int kChunk = 32;
+// Blocks per KV head at most: the combine gives each block's partials a lane.
+constexpr int kMaxRopeBlocks = 32;
+// Key vectors (8 fp16 each) a lane loads before it multiplies them, and value rows a warp loads together.
+constexpr int kKeyLoads = 8;
+constexpr int kValueLoads = 8;
 
-// rope.cu's rotation of the pair (a, b) = (x[i], x[i + half]): a cos - b sin, b cos + a sin, no FMA contraction.
-__device__ __forceinline__ float rotated(const float* x, int d, int half, const float* cos_half, const float* sin_half) {
-  const int i = d < half ? d : d - half;
-  const float a = __ldcg(x + i), b = __ldcg(x + i + half), c = cos_half[i], s = sin_half[i];
-  return d < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+// rope.cu's angle and cos/sin (float32 angle, double cos/sin rounded to float) of frequency i at `position`.
+__device__ __forceinline__ void rope_cos_sin(int64_t position, const float* inv_freq, int i, float& c, float& s) {
+  const float angle = __fmul_rn(static_cast<float>(position), inv_freq[i]);
+  c = static_cast<float>(cos(static_cast<double>(angle)));
+  s = static_cast<float>(sin(static_cast<double>(angle)));
 }
 
+// rope.cu's rotation of the pair (x0, x1) = (x[i], x[i + half]), no FMA contraction.
+__device__ __forceinline__ float2 rotate_pair(float x0, float x1, float c, float s) {
+  return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+}
+
+// dot(q, key row) for one lane's position: q float32 in shared memory (every lane reads the same element: a
+// broadcast), the key fp16 from the cache, two float32 partial sums.
+template <bool kVector8>
+__device__ __forceinline__ float key_dot(const float* q, const __half* key, int head_dim) {
+  float d0 = 0.0f, d1 = 0.0f;
+  if constexpr (kVector8) {  // head_dim % 8 == 0: 16-byte loads, kKeyLoads of them in flight
+    const uint4* key8 = reinterpret_cast<const uint4*>(key);
+    const float4* q4 = reinterpret_cast<const float4*>(q);
+    const int n8 = head_dim / 8;
+    for (int b = 0; b < n8; b += kKeyLoads) {
+      uint4 raw[kKeyLoads];
+#pragma unroll
+      for (int u = 0; u < kKeyLoads; ++u) raw[u] = b + u < n8 ? __ldcg(key8 + b + u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kKeyLoads; ++u) {
+        if (b + u < n8) {
+          const float4 qa = q4[2 * (b + u)], qb = q4[2 * (b + u) + 1];
+          const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].x)),
+                       k1 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].y)),
+                       k2 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].z)),
+                       k3 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].w));
+          d0 = fmaf(qa.x, k0.x, d0);
+          d1 = fmaf(qa.y, k0.y, d1);
+          d0 = fmaf(qa.z, k1.x, d0);
+          d1 = fmaf(qa.w, k1.y, d1);
+          d0 = fmaf(qb.x, k2.x, d0);
+          d1 = fmaf(qb.y, k2.y, d1);
+          d0 = fmaf(qb.z, k3.x, d0);
+          d1 = fmaf(qb.w, k3.y, d1);
+        }
+      }
+    }
+  } else {  // any even head_dim: 4-byte loads
+    const __half2* key2 = reinterpret_cast<const __half2*>(key);
+    for (int i = 0; i < head_dim / 2; ++i) {
+      const float2 kf = __half22float2(__ldcg(key2 + i));
+      d0 = fmaf(q[2 * i], kf.x, d0);
+      d1 = fmaf(q[2 * i + 1], kf.y, d1);
+    }
+  }
+  return d0 + d1;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+  return v;
+}
+
+// kPairs: value dims a lane owns, in adjacent pairs (2 vp, 2 vp + 1), vp = lane + 32 j, j < kPairs; and RoPE
+// pairs (i, i + head_dim / 2), i = lane + 32 j. head_dim / 2 <= 32 kPairs.
+template <int kPairs, bool kVector8>
 __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAttentionArgs a) {
   allow_dependent_launch();
-  extern __shared__ float shared[];
-  const int half = a.head_dim / 2;
-  float* q_group = shared;                            // [group, head_dim], rotated
-  float* cos_half = q_group + a.group * a.head_dim;   // [half]
-  float* sin_half = cos_half + half;                  // [half]
-  float* scores = sin_half + half;                    // [group, split], then [2, group], then the reduction
-  const int kv_head = blockIdx.x, split_index = blockIdx.y;
+  extern __shared__ float4 shared_vectors[];
+  float* q_group = reinterpret_cast<float*>(shared_vectors);  // [group, head_dim], rotated
+  const int kv_head = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int half = a.head_dim / 2;
   const int first_head = kv_head * a.group;
   // The position is written by the host before the step, not by the previous kernel: read before the wait.
   const int64_t position = *a.position;
   const int64_t n = position + 1;
-  const int64_t start = int64_t{split_index} * a.split;
-  const int len = static_cast<int>(max(int64_t{0}, min(int64_t{a.split}, n - start)));
-  // Past the sequence: nothing to do and nothing written. Split 0 always holds position 0 and waits, so the
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int64_t chunks_per_block = (chunks + a.n_blocks - 1) / a.n_blocks;
+  const int active = static_cast<int>((chunks + chunks_per_block - 1) / chunks_per_block);  // blocks with positions
+  // Past the sequence: nothing to do and nothing written. Block y = 0 always has positions and waits, so the
   // grid still completes after the kernel it overlaps (programmatic_launch.cuh).
-  if (len == 0) return;
+  if (static_cast<int>(blockIdx.y) >= active) return;
+  const int64_t begin = int64_t{blockIdx.y} * chunks_per_block * kChunk;
+  const int64_t end = min(n, begin + chunks_per_block * kChunk);
+  const bool holds_position = end == n;  // the last active block stores this token's key and value
   const int64_t kv_stride = int64_t{a.n_kv_heads} * a.head_dim;
   const int64_t head_offset = int64_t{kv_head} * a.head_dim;
-  const bool holds_position = position < start + len;  // the last split: it stores this token's key and value
-  // The rows of this split written by earlier steps, into L2 while the projections finish: the first and the
-  // last byte of each row (a row is 2 head_dim bytes, 256 for head_dim 128: at most two or three 128-byte lines).
-  const int cached_rows = holds_position ? len - 1 : len;
-  for (int i = threadIdx.x; i < 4 * cached_rows; i += kThreads) {
-    const int p = i / 4, part = i % 4;
-    const __half* row = (part < 2 ? a.keys : a.values) + (start + p) * kv_stride + head_offset;
+
+  // The rows written by earlier steps into L2 while the projections finish: the first and the last byte of
+  // each key and value row (2 head_dim bytes: at most three 128-byte lines).
+  const int64_t cached_end = holds_position ? end - 1 : end;
+  for (int64_t i = threadIdx.x; i < 4 * (cached_end - begin); i += kThreads) {
+    const int64_t p = begin + i / 4;
+    const int part = static_cast<int>(i % 4);
+    const __half* row = (part < 2 ? a.keys : a.values) + p * kv_stride + head_offset;
     asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (part % 2 == 0 ? 0 : a.head_dim - 1)));
   }
-  if (threadIdx.x < half) {  // cos/sin as rope.cu: float32 angle, double cos/sin rounded to float
-    const float angle = __fmul_rn(static_cast<float>(position), a.inv_freq[threadIdx.x]);
-    cos_half[threadIdx.x] = static_cast<float>(cos(static_cast<double>(angle)));
-    sin_half[threadIdx.x] = static_cast<float>(sin(static_cast<double>(angle)));
+  // cos/sin of the RoPE pairs this lane rotates.
+  float cos_pair[kPairs], sin_pair[kPairs];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i = lane + 32 * j;
+    if (i < half) rope_cos_sin(position, a.inv_freq, i, cos_pair[j], sin_pair[j]);
   }
-  for (int i = threadIdx.x + kThreads; i < half; i += kThreads) {
-    const float angle = __fmul_rn(static_cast<float>(position), a.inv_freq[i]);
-    cos_half[i] = static_cast<float>(cos(static_cast<double>(angle)));
-    sin_half[i] = static_cast<float>(sin(static_cast<double>(angle)));
-  }
-  __syncthreads();
 
-  // q, k, v are the previous kernel's output.
+  // q, k, v are the previous kernel's output: read through L2 after the wait.
   wait_for_previous_kernel();
-  for (int i = threadIdx.x; i < a.group * a.head_dim; i += kThreads) {
-    const int g = i / a.head_dim, d = i % a.head_dim;
-    q_group[i] = rotated(a.q + int64_t{first_head + g} * a.head_dim, d, half, cos_half, sin_half);
+  for (int g = warp; g < a.group; g += kWarps) {
+    const float* q_head = a.q + int64_t{first_head + g} * a.head_dim;
+    float* rotated = q_group + g * a.head_dim;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int i = lane + 32 * j;
+      if (i < half) {
+        const float2 r = rotate_pair(__ldcg(q_head + i), __ldcg(q_head + i + half), cos_pair[j], sin_pair[j]);
+        rotated[i] = r.x;
+        rotated[i + half] = r.y;
+      }
+    }
   }
-  if (holds_position) {
+  if (holds_position && warp == 0) {
     __half* key_row = a.keys + position * kv_stride + head_offset;
     __half* value_row = a.values + position * kv_stride + head_offset;
-    for (int d = threadIdx.x; d < a.head_dim; d += kThreads) {
-      key_row[d] = __float2half_rn(rotated(a.k + head_offset, d, half, cos_half, sin_half));
-      value_row[d] = __float2half_rn(__ldcg(a.v + head_offset + d));
+    const float* k_head = a.k + head_offset;
+    const float* v_head = a.v + head_offset;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int i = lane + 32 * j;
+      if (i < half) {
+        const float2 r = rotate_pair(__ldcg(k_head + i), __ldcg(k_head + i + half), cos_pair[j], sin_pair[j]);
+        key_row[i] = __float2half_rn(r.x);
+        key_row[i + half] = __float2half_rn(r.y);
+        value_row[i] = __float2half_rn(__ldcg(v_head + i));
+        value_row[i + half] = __float2half_rn(__ldcg(v_head + i + half));
+      }
     }
   }
   __syncthreads();  // the rotated queries, and this token's cache row, visible to the whole block
 
-  // Scores, kPositionsPerLoad positions per warp at a time. The cache is read through L2 (.cg): the row just
-  // stored is then seen by every thread of the block.
-  const __half* key_base = a.keys + start * kv_stride + head_offset;
-  for (int p0 = warp * kPositionsPerLoad; p0 < len; p0 += kWarps * kPositionsPerLoad) {
-    float key[kPositionsPerLoad][kMaxPerLane];
-#pragma unroll
-    for (int c = 0; c < kPositionsPerLoad; ++c) {
-#pragma unroll
-      for (int j = 0; j < kMaxPerLane; ++j) {
-        const int d = lane + 32 * j;
-        key[c][j] = p0 + c < len && d < a.head_dim ? __half2float(__ldcg(key_base + (p0 + c) * kv_stride + d)) : 0.0f;
-      }
-    }
-    for (int g = 0; g < a.group; ++g) {
-#pragma unroll
-      for (int c = 0; c < kPositionsPerLoad; ++c) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kMaxPerLane; ++j) {
-          const int d = lane + 32 * j;
-          if (d < a.head_dim) dot = fmaf(q_group[g * a.head_dim + d], key[c][j], dot);
-        }
-        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, offset);
-        if (lane == 0 && p0 + c < len) scores[g * a.split + p0 + c] = dot * a.scale;
-      }
-    }
-  }
-  __syncthreads();
-
-  const int64_t out_base = int64_t{split_index} * a.n_heads + first_head;
+  const int64_t out_row = int64_t{blockIdx.y} * a.n_heads + first_head;  // this block's partials of head 0
   for (int g = warp; g < a.group; g += kWarps) {
-    float* s = scores + g * a.split;
-    float m = -INFINITY;
-    for (int p = lane; p < len; p += 32) m = fmaxf(m, s[p]);
-    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
-    float sum = 0.0f;
-    for (int p = lane; p < len; p += 32) {
-      const float e = expf(s[p] - m);
-      s[p] = e;
-      sum += e;
-    }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
-    if (lane == 0) {
-      __stcg(a.partial_max + out_base + g, m);
-      __stcg(a.partial_sum + out_base + g, sum);
-    }
-  }
-  __syncthreads();
-
-  // Values: thread t takes the dims (2 pair, 2 pair + 1), pair = t % (head_dim / 2), and the positions part,
-  // part + parts, ... (part = t / (head_dim / 2)): one 4-byte load per position serves every head of the
-  // group, and 8 positions' loads are in flight together. The parts' sums meet in shared memory, added in
-  // part order (fixed, so results are reproducible).
-  const int pairs = half;
-  const int parts = kThreads / pairs;  // >= 1: head_dim <= 256
-  const int pair = threadIdx.x % pairs, part = threadIdx.x / pairs;
-  float* head_max = scores + a.group * a.split;  // [group] (the combine's)
-  float* head_total = head_max + a.group;        // [group]
-  float* reduction = head_total + a.group;       // [parts, kHeadsPerPass, head_dim]
-  const __half* value_base = a.values + start * kv_stride + head_offset + 2 * pair;
-  for (int g0 = 0; g0 < a.group; g0 += kHeadsPerPass) {
-    if (part < parts) {
-      float acc[kHeadsPerPass][2] = {};
-#pragma unroll 8
-      for (int p = part; p < len; p += parts) {
-        const float2 v = __half22float2(__ldcg(reinterpret_cast<const __half2*>(value_base + p * kv_stride)));
+    const float* q = q_group + g * a.head_dim;
+    float m = -INFINITY, l = 0.0f;
+    float2 acc[kPairs];
 #pragma unroll
-        for (int j = 0; j < kHeadsPerPass; ++j) {
-          if (g0 + j < a.group) {
-            const float weight = scores[(g0 + j) * a.split + p];
-            acc[j][0] = fmaf(weight, v.x, acc[j][0]);
-            acc[j][1] = fmaf(weight, v.y, acc[j][1]);
+    for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(0.0f, 0.0f);
+    for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
+      // Scores: lane t takes position c0 + t (lane 0 always has one).
+      const int64_t p = c0 + lane;
+      const bool valid = p < end;
+      const float s = valid ? key_dot<kVector8>(q, a.keys + p * kv_stride + head_offset, a.head_dim) * a.scale : -INFINITY;
+      // Online softmax: the running max and sum and the value sums rescaled to the new max.
+      const float m_new = fmaxf(m, warp_max(s));
+      const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+      const float prob = valid ? expf(s - m_new) : 0.0f;
+      l = l * correction + warp_sum(prob);
+      m = m_new;
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(acc[j].x * correction, acc[j].y * correction);
+      // Values: kValueLoads rows' loads in flight, then each row's weight from the lane that scored it.
+      const int count = static_cast<int>(min(int64_t{kChunk}, end - c0));
+      const __half* value_base = a.values + c0 * kv_stride + head_offset;
+      for (int t0 = 0; t0 < count; t0 += kValueLoads) {
+        __half2 row[kValueLoads][kPairs];
+#pragma unroll
+        for (int u = 0; u < kValueLoads; ++u) {
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            const int vp = lane + 32 * j;
+            row[u][j] = t0 + u < count && vp < half
+                            ? __ldcg(reinterpret_cast<const __half2*>(value_base + (t0 + u) * kv_stride) + vp)
+                            : __float2half2_rn(0.0f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kValueLoads; ++u) {
+          const float weight = __shfl_sync(0xFFFFFFFFu, prob, t0 + u);  // 0 past count
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            const float2 vf = __half22float2(row[u][j]);
+            acc[j] = make_float2(fmaf(weight, vf.x, acc[j].x), fmaf(weight, vf.y, acc[j].y));
           }
         }
       }
+    }
+    if (active == 1) {  // the only block: normalize and write the output, no partials
+      const float inv = 1.0f / l;
+      float* o = a.out + int64_t{first_head + g} * a.head_dim;
 #pragma unroll
-      for (int j = 0; j < kHeadsPerPass; ++j) {
-        reduction[(part * kHeadsPerPass + j) * a.head_dim + 2 * pair] = acc[j][0];
-        reduction[(part * kHeadsPerPass + j) * a.head_dim + 2 * pair + 1] = acc[j][1];
+      for (int j = 0; j < kPairs; ++j) {
+        const int vp = lane + 32 * j;
+        if (vp < half) reinterpret_cast<float2*>(o)[vp] = make_float2(acc[j].x * inv, acc[j].y * inv);
+      }
+    } else {
+      float* o = a.partial_out + (out_row + g) * a.head_dim;
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int vp = lane + 32 * j;
+        if (vp < half) __stcg(reinterpret_cast<float2*>(o) + vp, acc[j]);
+      }
+      if (lane == 0) {
+        __stcg(a.partial_max + out_row + g, m);
+        __stcg(a.partial_sum + out_row + g, l);
       }
     }
-    __syncthreads();
-    const int heads = min(kHeadsPerPass, a.group - g0);
-    for (int i = threadIdx.x; i < heads * a.head_dim; i += kThreads) {
-      float sum = 0.0f;
-      for (int q = 0; q < parts; ++q) sum += reduction[q * kHeadsPerPass * a.head_dim + i];
-      __stcg(a.partial_out + (out_base + g0) * a.head_dim + i, sum);
-    }
-    __syncthreads();
   }
+  if (active == 1) return;
 
-  // The last split of this KV head to finish combines all of them (the splits holding positions).
+  // The last block of this KV head to finish combines the active blocks' partials.
   __shared__ bool is_last_block;
   __threadfence();  // partials visible device-wide before this block is counted
   __syncthreads();
-  const int n_splits = static_cast<int>((position + a.split) / a.split);
   if (threadIdx.x == 0) {
     const uint32_t arrived = atomicAdd(a.counters + kv_head, 1u);
-    is_last_block = arrived == static_cast<uint32_t>(n_splits - 1);
-    if (is_last_block) a.counters[kv_head] = 0;  // every split of this step has arrived: reset for the next
+    is_last_block = arrived == static_cast<uint32_t>(active - 1);
+    if (is_last_block) a.counters[kv_head] = 0;  // every block of this step has arrived: reset for the next
   }
   __syncthreads();
   if (!is_last_block) return;
   __threadfence();
-  // attention_combine_kernel's formula: M = max_s m_s, o = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M); a
-  // warp per head reduces over the splits (lanes in parallel, a fixed tree order), and each thread's 4
-  // elements load every split's partials together.
+  // attention_combine_kernel's formula: M = max_b m_b, o = sum_b o_b e^(m_b - M) / sum_b l_b e^(m_b - M); a warp
+  // per head, lane b holds block b's max and sum (active <= kMaxRopeBlocks = 32).
   for (int g = warp; g < a.group; g += kWarps) {
     const int head = first_head + g;
-    float m = -INFINITY;
-    for (int s = lane; s < n_splits; s += 32) m = fmaxf(m, __ldcg(a.partial_max + s * a.n_heads + head));
-    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
-    float total = 0.0f;
-    for (int s = lane; s < n_splits; s += 32) {
-      total += __ldcg(a.partial_sum + s * a.n_heads + head) * expf(__ldcg(a.partial_max + s * a.n_heads + head) - m);
-    }
-    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xFFFFFFFFu, total, offset);
-    if (lane == 0) {
-      head_max[g] = m;
-      head_total[g] = total;
-    }
-  }
-  __syncthreads();
-  constexpr int kCombinePerThread = 4;
-  for (int i0 = threadIdx.x; i0 < a.group * a.head_dim; i0 += kThreads * kCombinePerThread) {
-    float acc[kCombinePerThread] = {};
-#pragma unroll 2
-    for (int s = 0; s < n_splits; ++s) {
+    const float mb = lane < active ? __ldcg(a.partial_max + int64_t{lane} * a.n_heads + head) : -INFINITY;
+    const float lb = lane < active ? __ldcg(a.partial_sum + int64_t{lane} * a.n_heads + head) : 0.0f;
+    const float max_all = warp_max(mb);
+    const float wb = lane < active ? expf(mb - max_all) : 0.0f;
+    const float inv_total = 1.0f / warp_sum(lb * wb);
+    float2 o[kPairs];
 #pragma unroll
-      for (int e = 0; e < kCombinePerThread; ++e) {
-        const int i = i0 + e * kThreads;
-        if (i < a.group * a.head_dim) {
-          const int g = i / a.head_dim, d = i % a.head_dim, head = first_head + g;
-          const float weight = expf(__ldcg(a.partial_max + s * a.n_heads + head) - head_max[g]);
-          acc[e] = fmaf(__ldcg(a.partial_out + (int64_t{s} * a.n_heads + head) * a.head_dim + d), weight, acc[e]);
+    for (int j = 0; j < kPairs; ++j) o[j] = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+    for (int b = 0; b < active; ++b) {
+      const float weight = __shfl_sync(0xFFFFFFFFu, wb, b);
+      const float2* part = reinterpret_cast<const float2*>(a.partial_out + (int64_t{b} * a.n_heads + head) * a.head_dim);
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int vp = lane + 32 * j;
+        if (vp < half) {
+          const float2 po = __ldcg(part + vp);
+          o[j] = make_float2(fmaf(po.x, weight, o[j].x), fmaf(po.y, weight, o[j].y));
         }
       }
     }
+    float* out = a.out + int64_t{head} * a.head_dim;
 #pragma unroll
-    for (int e = 0; e < kCombinePerThread; ++e) {
-      const int i = i0 + e * kThreads;
-      if (i < a.group * a.head_dim) {
-        const int g = i / a.head_dim, d = i % a.head_dim;
-        a.out[int64_t{first_head + g} * a.head_dim + d] = acc[e] / head_total[g];
-      }
+    for (int j = 0; j < kPairs; ++j) {
+      const int vp = lane + 32 * j;
+      if (vp < half) reinterpret_cast<float2*>(out)[vp] = make_float2(o[j].x * inv_total, o[j].y * inv_total);
     }
   }
 }
 
-// The split actually used: the requested one, bounded so that the scores fit in shared memory.
+// Blocks per KV head of the fused kernel for a cache of context_length positions.
+int fused_blocks(int64_t context_length) {
+  return static_cast<int>(std::clamp<int64_t>((context_length + kChunk - 1) / kChunk, 1, kMaxRopeBlocks));
+}
+
+// The split of the two-launch path actually used: the requested one, bounded so that the scores fit in shared
+// memory.
 int64_t effective_split(const DecodeAttentionShape& shape) {
   int64_t split = shape.split_positions > 0 ? shape.split_positions : decode_attention_split(shape.context_length);
   const int64_t group = shape.n_heads / std::max<int64_t>(shape.n_kv_heads, 1);
-  // The fused kernel also keeps cos and sin (head_dim floats), two floats per head and the value reduction;
-  // both kernels use the same split (and so the same workspace).
-  const int64_t fit = (kMaxSharedBytes - (group + 1) * shape.head_dim * 4 - group * 8 - kValueReductionBytes) /
-                      std::max<int64_t>(group * 4, 1);
+  const int64_t fit = (kMaxSharedBytes - group * shape.head_dim * 4) / std::max<int64_t>(group * 4, 1);
   split = std::min({split, fit, shape.context_length});
   return std::max<int64_t>(split, 1);
 }
@@ -416,7 +470,8 @@ int64_t decode_attention_split(int64_t context_length) {
 }
 
 int64_t decode_attention_workspace_floats(const DecodeAttentionShape& shape) {
-  return n_splits(shape) * shape.n_heads * (shape.head_dim + 2);
+  // Per split (two launches) or per block (fused) and query head: head_dim sums, the max and the sum.
+  return std::max<int64_t>(n_splits(shape), fused_blocks(shape.context_length)) * shape.n_heads * (shape.head_dim + 2);
 }
 
 Status decode_attention(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, const int32_t* position,
@@ -476,18 +531,15 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                             std::to_string(kMaxHeadDim));
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  if ((group + 1) * shape.head_dim * 4 + group * 12 + kValueReductionBytes > kMaxSharedBytes) {
-    return unsupported(what + ": too many query heads per KV head");
-  }
+  if (group * shape.head_dim * 4 > kMaxSharedBytes) return unsupported(what + ": too many query heads per KV head");
   if (!q || !k || !v || !inv_freq || !position || !key_cache || !value_cache || !workspace || !counters || !out) {
     return invalid_argument(what + ": null device pointer");
   }
-  const int64_t split = effective_split(shape);
-  const int64_t splits = n_splits(shape);
-  if (splits > 65535) return unsupported(what + ": " + std::to_string(splits) + " splits");
+  const int blocks = fused_blocks(shape.context_length);
+  const int64_t n_blocks_all = std::max<int64_t>(n_splits(shape), blocks);  // the workspace's layout
   float* partial_out = workspace;
-  float* partial_max = partial_out + splits * shape.n_heads * shape.head_dim;
-  float* partial_sum = partial_max + splits * shape.n_heads;
+  float* partial_max = partial_out + n_blocks_all * shape.n_heads * shape.head_dim;
+  float* partial_sum = partial_max + n_blocks_all * shape.n_heads;
   const RopeAttentionArgs args{q,
                                k,
                                v,
@@ -504,13 +556,23 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                                static_cast<int>(shape.n_kv_heads),
                                static_cast<int>(shape.head_dim),
                                static_cast<int>(group),
-                               static_cast<int>(split),
+                               blocks,
                                1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
-  const size_t shared =
-      static_cast<size_t>(((group + 1) * shape.head_dim + group * split + 2 * group) * 4 + kValueReductionBytes);
-  const cudaError_t error =
-      launch_kernel(attention_rope_kernel, dim3(static_cast<unsigned>(shape.n_kv_heads), static_cast<unsigned>(splits)),
-                    dim3(kThreads), shared, stream, overlap_previous, args);
+  const size_t shared = static_cast<size_t>(group * shape.head_dim * 4);
+  const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), static_cast<unsigned>(blocks));
+  const int half = static_cast<int>(shape.head_dim / 2);
+  const bool vector8 = shape.head_dim % 8 == 0;
+  cudaError_t error;
+  if (half <= 32) {
+    error = vector8 ? launch_kernel(attention_rope_kernel<1, true>, grid, dim3(kThreads), shared, stream, overlap_previous, args)
+                    : launch_kernel(attention_rope_kernel<1, false>, grid, dim3(kThreads), shared, stream, overlap_previous, args);
+  } else if (half <= 64) {
+    error = vector8 ? launch_kernel(attention_rope_kernel<2, true>, grid, dim3(kThreads), shared, stream, overlap_previous, args)
+                    : launch_kernel(attention_rope_kernel<2, false>, grid, dim3(kThreads), shared, stream, overlap_previous, args);
+  } else {
+    error = vector8 ? launch_kernel(attention_rope_kernel<4, true>, grid, dim3(kThreads), shared, stream, overlap_previous, args)
+                    : launch_kernel(attention_rope_kernel<4, false>, grid, dim3(kThreads), shared, stream, overlap_previous, args);
+  }
   return cuda_status(error, "decode_attention_rope launch");
 }
 

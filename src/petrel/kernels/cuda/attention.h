@@ -35,8 +35,10 @@ Status decode_attention(const float* q, const uint16_t* key_cache, const uint16_
 
 // The token generator's fused attention step in ONE launch (attention.cu): RoPE of this token's query and key
 // heads (rope_store_kv's angles and float32 expressions), the store of its key and value as fp16 at row
-// *position of the caches, decode_attention's split attention over positions 0 .. *position, and the combine
-// of the splits, done by the last block of each KV head to finish (an arrival counter, as gemv_gptq's split-K).
+// *position of the caches, and the attention over positions 0 .. *position: up to 32 blocks per KV head,
+// each an online softmax over whole 32-position chunks, combined by the last block of each KV head to finish
+// (an arrival counter, as gemv_gptq's split-K); a lone block writes the output itself. split_positions is
+// not used.
 // q [n_heads, head_dim], k and v [n_kv_heads, head_dim]: the projections, not rotated (none is modified).
 // workspace: decode_attention_workspace_floats(shape) floats; counters: n_kv_heads uint32 that are zero
 // before the first call and left zero by every call. With overlap_previous the launch may overlap the kernel

@@ -346,6 +346,11 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   const int32_t* weights = m.qweight + (slice.first_word + quad_col) * m.rows + row;
   const int64_t step_stride = kWordsPerStep * m.rows;
   auto load_batch = [&](uint4 (&batch)[kBatch], int first) {
+    if (row_ok && first + kBatch <= thread_steps) {  // the common case: no per-load predicate
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) batch[u] = load_streaming(weights + (first + u) * step_stride);
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int s = first + u;
@@ -440,47 +445,68 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   };
   decode_params();
 
+  auto next_group = [&](int s) {  // step s starts a new group (uniform: steps never straddle groups)
+    promote();
+    ++group;
+    raw_scales = next_scales;
+    raw_zeros = next_zeros;
+    decode_params();
+    steps_to_group = a.group_steps;
+    load_raw_params<kBits>(m, group + 1, row, row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
+  };
+  auto compute_step = [&](const uint4& w, int s) {
+    const uint32_t* xs = x_staged + (s * kWordsPerStep + quad_col) * kRegsPerWord;
+    if constexpr (kBits == 4) {
+      const uint4 xf = *reinterpret_cast<const uint4*>(xs);
+      uint32_t v0[4], v1[4], v2[4], v3[4];
+      dequant_word4(w.x, bias_low[0], bias_high[0], v0);
+      dequant_word4(w.y, bias_low[1], bias_high[1], v1);
+      dequant_word4(w.z, bias_low[2], bias_high[2], v2);
+      dequant_word4(w.w, bias_low[3], bias_high[3], v3);
+      mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+      mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
+      mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+      mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
+    } else {
+      const uint2 xf = *reinterpret_cast<const uint2*>(xs);
+      uint32_t v0[2], v1[2], v2[2], v3[2];
+      dequant_word8(w.x, bias_low[0], v0);
+      dequant_word8(w.y, bias_low[1], v1);
+      dequant_word8(w.z, bias_low[2], v2);
+      dequant_word8(w.w, bias_low[3], v3);
+      mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+      mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+    }
+  };
   auto compute_batch = [&](const uint4 (&batch)[kBatch], int first) {
+    // The common case, decided once per batch (uniform across the block): kBatch steps inside the slice, a
+    // group change at most before the first. At ~45 instructions a step of arithmetic, the per-step checks
+    // below cost a fifth of the loop.
+    if (first + kBatch <= slice.steps &&
+        (steps_to_group >= kBatch || (steps_to_group == 0 && a.group_steps >= kBatch))) {
+      if (steps_to_group == 0) {
+        next_group(first);
+      } else if (steps_in_acc + kBatch > kPromoteSteps) {
+        promote();
+      }
+      steps_to_group -= kBatch;
+      steps_in_acc += kBatch;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) compute_step(batch[u], first + u);
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int s = first + u;
-      if (s >= slice.steps) break;           // uniform across the block
-      if (s > 0 && steps_to_group == 0) {    // uniform: a new group (steps never straddle groups)
-        promote();
-        ++group;
-        raw_scales = next_scales;
-        raw_zeros = next_zeros;
-        decode_params();
-        steps_to_group = a.group_steps;
-        load_raw_params<kBits>(m, group + 1, row, row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
+      if (s >= slice.steps) break;  // uniform across the block
+      if (s > 0 && steps_to_group == 0) {
+        next_group(s);
       } else if (steps_in_acc == kPromoteSteps) {
         promote();
       }
       --steps_to_group;
       ++steps_in_acc;
-      const uint32_t* xs = x_staged + (s * kWordsPerStep + quad_col) * kRegsPerWord;
-      const uint4 w = batch[u];
-      if constexpr (kBits == 4) {
-        const uint4 xf = *reinterpret_cast<const uint4*>(xs);
-        uint32_t v0[4], v1[4], v2[4], v3[4];
-        dequant_word4(w.x, bias_low[0], bias_high[0], v0);
-        dequant_word4(w.y, bias_low[1], bias_high[1], v1);
-        dequant_word4(w.z, bias_low[2], bias_high[2], v2);
-        dequant_word4(w.w, bias_low[3], bias_high[3], v3);
-        mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
-        mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
-        mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
-        mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
-      } else {
-        const uint2 xf = *reinterpret_cast<const uint2*>(xs);
-        uint32_t v0[2], v1[2], v2[2], v3[2];
-        dequant_word8(w.x, bias_low[0], v0);
-        dequant_word8(w.y, bias_low[1], v1);
-        dequant_word8(w.z, bias_low[2], v2);
-        dequant_word8(w.w, bias_low[3], v3);
-        mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
-        mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
-      }
+      compute_step(batch[u], s);
     }
   };
 

@@ -42,20 +42,30 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_
 constexpr uint32_t kHalf1024x2 = 0x64006400u;       // fp16 1024 in both halves: the magic exponent
 constexpr uint32_t kHalfSixteenthx2 = 0x2C002C00u;  // fp16 1/16 in both halves
 
+// (w & kMask) | 0x64006400 in one LOP3 (lookup table 0xEA = (a & b) | c). Written as C++, the two immediates
+// make the compiler emit two logic instructions per extraction (a LOP3 takes one immediate): 13 instead of 9
+// instructions per 4-bit word, on the GEMV's hot path.
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t mask_or_magic(uint32_t w) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(kMask), "r"(kHalf1024x2));
+  return d;
+}
+
 // The 8 codes of a 4-bit word as four fp16 pairs of (code - zero): {c0, c4}, {c1, c5}, {c2, c6}, {c3, c7}.
 // bias_low = {1024 + z} x2; bias_high = {-(64 + z)} x2, since a code in bits 4..7 of a half reads 16 c + 1024.
 __device__ __forceinline__ void dequant_word4(uint32_t w, uint32_t bias_low, uint32_t bias_high, uint32_t (&v)[4]) {
   const uint32_t w8 = w >> 8;
-  v[0] = sub_f16x2((w & 0x000F000Fu) | kHalf1024x2, bias_low);
-  v[1] = fma_f16x2((w & 0x00F000F0u) | kHalf1024x2, kHalfSixteenthx2, bias_high);
-  v[2] = sub_f16x2((w8 & 0x000F000Fu) | kHalf1024x2, bias_low);
-  v[3] = fma_f16x2((w8 & 0x00F000F0u) | kHalf1024x2, kHalfSixteenthx2, bias_high);
+  v[0] = sub_f16x2(mask_or_magic<0x000F000Fu>(w), bias_low);
+  v[1] = fma_f16x2(mask_or_magic<0x00F000F0u>(w), kHalfSixteenthx2, bias_high);
+  v[2] = sub_f16x2(mask_or_magic<0x000F000Fu>(w8), bias_low);
+  v[3] = fma_f16x2(mask_or_magic<0x00F000F0u>(w8), kHalfSixteenthx2, bias_high);
 }
 
 // The 4 codes of an 8-bit word as two fp16 pairs of (code - zero): {c0, c2}, {c1, c3}.
 __device__ __forceinline__ void dequant_word8(uint32_t w, uint32_t bias_low, uint32_t (&v)[2]) {
-  v[0] = sub_f16x2((w & 0x00FF00FFu) | kHalf1024x2, bias_low);
-  v[1] = sub_f16x2(((w >> 8) & 0x00FF00FFu) | kHalf1024x2, bias_low);
+  v[0] = sub_f16x2(mask_or_magic<0x00FF00FFu>(w), bias_low);
+  v[1] = sub_f16x2(mask_or_magic<0x00FF00FFu>(w >> 8), bias_low);
 }
 
 }  // namespace petrel::cuda::ptx
