@@ -3,11 +3,14 @@
 // for several variants of the decode step in one run, and (--kernels) each decode kernel alone.
 //
 //   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
-//                            [--reps N] [-n N] [--kernels] [--variants unfused,fused-serial,...]
+//                            [--reps N] [-n N] [--prompt N] [--kernels] [--variants unfused,fused-serial,...]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
 // speed does not depend on the values, and no 16 GB float checkpoint has to be written and quantized first.
+// --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
+// last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
+// counts it, less sampling; median of the reps.
 // "weight GB/s" is the bytes of weights read per token (all linears and the LM head, one embedding row) over
 // the time per token; the floor is those bytes at the device-to-device copy bandwidth measured first.
 //
@@ -18,6 +21,7 @@
 //   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
 //   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
 //   fused-prefetch64  the same with 64 steps of prefetch
+//   fused-cluster     fused-prefetch with the GEMVs' split-K sums reduced in thread-block clusters
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
@@ -161,8 +165,9 @@ struct Options {
   std::string model;
   int reps = 3;
   int n_gen = 128;
+  int prompt = 29;
   bool kernels = false;
-  std::vector<std::string> variants = {"unfused", "fused", "fused-overlap", "fused-prefetch", "fused-prefetch64"};
+  std::vector<std::string> variants = {"unfused", "fused", "fused-overlap", "fused-prefetch", "fused-cluster"};
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -195,6 +200,10 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   } else if (base == "fused-prefetch") {
     o.overlap_kernels = true;
     o.gemv_l2_prefetch_steps = 16;
+  } else if (base == "fused-cluster") {
+    o.overlap_kernels = true;
+    o.gemv_l2_prefetch_steps = 16;
+    o.gemv_cluster_reduce = true;
   } else if (base == "fused-prefetch64") {
     o.overlap_kernels = true;
     o.gemv_l2_prefetch_steps = 64;
@@ -551,7 +560,8 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
   const double floor_ms = token_bytes / (copy_gbs * 1e9) * 1e3;
   std::printf("\nmodel: %s; weights read per token %.3f GB: floor %.3f ms/token (%.0f t/s) at the copy bandwidth\n\n",
               name.c_str(), token_bytes / 1e9, floor_ms, 1e3 / floor_ms);
-  std::printf("| step | test | upload s | t/s | ms/token | weight GB/s | %% copy |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| step | test | upload s | t/s | ms/token | weight GB/s | %% copy | prompt %d ms |\n|---|---|---|---|---|---|---|---|\n",
+              o.prompt);
   for (const std::string& variant : o.variants) {
     CudaModelOptions options;
     options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);
@@ -576,8 +586,24 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     double mean = 0;
     for (double r : rates) mean += r / rates.size();
     const double gbs = token_bytes * mean / 1e9;
-    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% |\n", variant.c_str(), o.n_gen, upload_s, mean, 1e3 / mean,
-                gbs, 100.0 * gbs / copy_gbs);
+    std::string prompt_ms = "-";
+    if (o.prompt > 0) {
+      std::vector<int32_t> tokens(o.prompt);
+      for (int i = 0; i < o.prompt; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 3) % c.vocab_size);
+      std::vector<double> times;
+      for (int rep = -1; rep < std::max(o.reps, 5); ++rep) {  // rep -1: the first prompt's one-time costs
+        (*gpu)->reset();
+        const auto start = std::chrono::steady_clock::now();
+        check((*gpu)->forward(tokens, LogitsMode::kLast, &logits), "prompt");
+        if (rep >= 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
+      }
+      std::sort(times.begin(), times.end());
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f", times[times.size() / 2]);
+      prompt_ms = buf;
+    }
+    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %s |\n", variant.c_str(), o.n_gen, upload_s, mean,
+                1e3 / mean, gbs, 100.0 * gbs / copy_gbs, prompt_ms.c_str());
     std::fflush(stdout);
   }
 }
@@ -603,11 +629,12 @@ int main(int argc, char** argv) {
     } else if (a == "--model") o.model = value();
     else if (a == "--reps") o.reps = std::stoi(value());
     else if (a == "-n") o.n_gen = std::stoi(value());
+    else if (a == "--prompt") o.prompt = std::stoi(value());
     else if (a == "--kernels") o.kernels = true;
     else if (a == "--variants") o.variants = split_list(value());
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
-                           "[--reps N] [-n N] [--kernels] [--variants LIST]\n");
+                           "[--reps N] [-n N] [--prompt N] [--kernels] [--variants LIST]\n");
       return 2;
     }
   }

@@ -33,7 +33,7 @@
 
 // read_bandwidth.cu: a streaming read kernel, the ceiling for a kernel that only reads.
 double read_bandwidth_gbs(const void* data, size_t bytes, int multiprocessors, cudaStream_t stream, int reps);
-double pattern_read_gbs(const void* buffer, size_t buffer_bytes, int64_t rows, int64_t words, int splits, bool tiled,
+double pattern_read_gbs(const void* buffer, size_t buffer_bytes, int64_t rows, int64_t words, int splits, bool tiled, int in_flight,
                         cudaStream_t stream, int reps, int calls);
 
 namespace {
@@ -166,13 +166,16 @@ int main(int argc, char** argv) {
     if (sweep) {
       // The GEMV's loads alone, in the GPTQ layout and in a tiled one (each block's bytes contiguous), launched
       // on a stream (so about 1 us per call of launch gap is included, as in the "stream" column below).
-      std::printf("| loads only: rows x words (int32) | k_splits | GPTQ layout GB/s | tiled layout GB/s |\n|---|---|---|---|\n");
+      std::printf("| loads only: rows x words (int32) | k_splits | GPTQ layout GB/s | same, 16 loads in flight | tiled layout GB/s |\n"
+                  "|---|---|---|---|---|\n");
       const int64_t cases[][3] = {{4096, 512, 16}, {14336, 512, 4}, {14336, 512, 16}, {4096, 1792, 16},
                                   {128256, 1024, 1}, {128256, 1024, 4}};
       for (const auto& c : cases) {
-        const double gptq = pattern_read_gbs(buffer.data(), buffer.size(), c[0], c[1], int(c[2]), false, stream, 20, 50);
-        const double tiled = pattern_read_gbs(buffer.data(), buffer.size(), c[0], c[1], int(c[2]), true, stream, 20, 50);
-        std::printf("| %lld x %lld | %lld | %.0f | %.0f |\n", (long long)c[0], (long long)c[1], (long long)c[2], gptq, tiled);
+        const double gptq = pattern_read_gbs(buffer.data(), buffer.size(), c[0], c[1], int(c[2]), false, 8, stream, 20, 50);
+        const double deep = pattern_read_gbs(buffer.data(), buffer.size(), c[0], c[1], int(c[2]), false, 16, stream, 20, 50);
+        const double tiled = pattern_read_gbs(buffer.data(), buffer.size(), c[0], c[1], int(c[2]), true, 8, stream, 20, 50);
+        std::printf("| %lld x %lld | %lld | %.0f | %.0f | %.0f |\n", (long long)c[0], (long long)c[1], (long long)c[2], gptq,
+                    deep, tiled);
       }
       std::printf("\n");
     }
@@ -228,8 +231,18 @@ int main(int argc, char** argv) {
     ref::matmul(x16.data(), 1, hm, want.data());
 
     std::vector<cuda::GemvOptions> configs = {{cuda::GemvAlgorithm::kTensorCore, 0}, {cuda::GemvAlgorithm::kCudaCore, 0}};
+    {
+      cuda::GemvOptions cluster{cuda::GemvAlgorithm::kTensorCore, 0};
+      cluster.cluster_reduce = true;  // the split-K sums reduced in a thread-block cluster
+      configs.insert(configs.begin() + 1, cluster);
+    }
     if (sweep) {
       for (int k : {1, 2, 4, 8, 16, 32}) configs.push_back({cuda::GemvAlgorithm::kTensorCore, k});
+      for (int k : {2, 4, 8, 16}) {
+        cuda::GemvOptions cluster{cuda::GemvAlgorithm::kTensorCore, k};
+        cluster.cluster_reduce = true;
+        configs.push_back(cluster);
+      }
     }
     const int64_t io_bytes = s.cols * 4 + s.rows * 4;
     for (const cuda::GemvOptions& options : configs) {
@@ -250,11 +263,13 @@ int main(int argc, char** argv) {
       const double floor_us = (weight_bytes + io_bytes) / (copy_gbs * 1e9) * 1e6;
       const std::string group = s.group < 0 ? "channel" : std::to_string(s.group);
       std::printf("| %s | %s | %s | %s%d | %.1f | %.2f | %.2f | %.2f | %.0f | %.0f%% | %.1e |\n", s.name, group.c_str(),
-                  algorithm_name(options.algorithm), options.k_splits == 0 ? "auto " : "", plan->k_splits,
+                  (std::string(algorithm_name(options.algorithm)) + (options.cluster_reduce ? " cluster" : "")).c_str(),
+                  options.k_splits == 0 ? "auto " : "", plan->k_splits,
                   weight_bytes / 1e6, floor_us, t.stream_us, t.graph_us, gbs, 100.0 * gbs / copy_gbs, rel);
       std::fflush(stdout);
       results.push_back({{"shape", s.name}, {"rows", s.rows}, {"cols", s.cols}, {"bits", s.bits}, {"group", group},
-                         {"algorithm", algorithm_name(options.algorithm)}, {"k_splits_auto", options.k_splits == 0},
+                         {"algorithm", algorithm_name(options.algorithm)}, {"cluster_reduce", options.cluster_reduce},
+                         {"k_splits_auto", options.k_splits == 0},
                          {"k_splits", plan->k_splits}, {"weight_bytes", weight_bytes}, {"floor_us", floor_us},
                          {"stream_us", t.stream_us}, {"graph_us", t.graph_us}, {"weight_gbs", gbs},
                          {"copy_gbs", copy_gbs}, {"rel_l2", rel}});

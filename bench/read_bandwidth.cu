@@ -28,7 +28,8 @@ __global__ void __launch_bounds__(256) stream_read(const uint4* data, size_t n, 
 
 // The GEMV's access pattern without its arithmetic, over a [words, rows] int32 matrix: block (x, y) owns rows
 // 128x .. and steps y * steps_per_split ..; thread (warp, quad_row, quad_col) reads the 16 bytes of rows
-// row .. row + 3 at word 4 step + quad_col, 8 steps in flight.
+// row .. row + 3 at word 4 step + quad_col, kInFlight steps in flight.
+template <int kInFlight>
 __global__ void __launch_bounds__(128) gptq_pattern_read(const int32_t* q, int64_t rows, int64_t words,
                                                          int steps_per_split, unsigned* sink) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -39,12 +40,12 @@ __global__ void __launch_bounds__(128) gptq_pattern_read(const int32_t* q, int64
   const int32_t* p = q + (first_word + lane % 4) * rows + row;
   uint32_t acc = 0;
   if (row < rows) {
-    for (int s = 0; s < steps; s += 8) {
-      uint4 v[8];
+    for (int s = 0; s < steps; s += kInFlight) {
+      uint4 v[kInFlight];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = s + u < steps ? __ldcs(reinterpret_cast<const uint4*>(p + (s + u) * 4 * rows)) : uint4{};
+      for (int u = 0; u < kInFlight; ++u) v[u] = s + u < steps ? __ldcs(reinterpret_cast<const uint4*>(p + (s + u) * 4 * rows)) : uint4{};
 #pragma unroll
-      for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+      for (int u = 0; u < kInFlight; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
   }
   if (acc == 0x9E3779B9u) *sink = acc;
@@ -104,11 +105,11 @@ double read_bandwidth_gbs(const void* data, size_t bytes, int multiprocessors, c
   return samples[samples.size() / 2];
 }
 
-// GB/s of the GEMV's access pattern (tiled = false) or of a tiled layout (true) for a [rows, 32 * words / bits]
-// matrix of rows * words * 4 bytes cut into `splits` slices, rotating over the windows of a larger buffer so
-// that reads come from device memory.
+// GB/s of the GEMV's access pattern (tiled = false; in_flight 8 or 16 loads a thread) or of a tiled layout
+// (true; 8 in flight) for a [rows, 32 * words / bits] matrix of rows * words * 4 bytes cut into `splits`
+// slices, rotating over the windows of a larger buffer so that reads come from device memory.
 double pattern_read_gbs(const void* buffer, size_t buffer_bytes, int64_t rows, int64_t words, int splits, bool tiled,
-                        cudaStream_t stream, int reps, int calls) {
+                        int in_flight, cudaStream_t stream, int reps, int calls) {
   unsigned* sink = nullptr;
   check(cudaMalloc(&sink, sizeof(unsigned)), "cudaMalloc");
   const size_t matrix_bytes = static_cast<size_t>(rows * words * 4);
@@ -119,7 +120,8 @@ double pattern_read_gbs(const void* buffer, size_t buffer_bytes, int64_t rows, i
   auto launch = [&](int call) {
     const char* base = static_cast<const char*>(buffer) + (call % windows) * matrix_bytes;
     if (tiled) tiled_pattern_read<<<grid, 128, 0, stream>>>(reinterpret_cast<const uint4*>(base), steps_per_split, steps_total, sink);
-    else gptq_pattern_read<<<grid, 128, 0, stream>>>(reinterpret_cast<const int32_t*>(base), rows, words, steps_per_split, sink);
+    else if (in_flight == 16) gptq_pattern_read<16><<<grid, 128, 0, stream>>>(reinterpret_cast<const int32_t*>(base), rows, words, steps_per_split, sink);
+    else gptq_pattern_read<8><<<grid, 128, 0, stream>>>(reinterpret_cast<const int32_t*>(base), rows, words, steps_per_split, sink);
   };
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");

@@ -235,6 +235,9 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   EXPECT_EQ(cuda_logits(**model, tokens, serial), overlapped);
   serial.use_graph = false;
   EXPECT_EQ(cuda_logits(**model, tokens, serial), overlapped);
+  CudaModelOptions cluster = fused;  // split-K sums through thread-block clusters: the same bits
+  cluster.gemv_cluster_reduce = true;
+  EXPECT_EQ(cuda_logits(**model, tokens, cluster), overlapped);
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

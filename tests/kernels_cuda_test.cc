@@ -203,6 +203,16 @@ TEST(KernelsCuda, GemvMatchesReferenceOnRandomAndAwkwardShapes) {
           if (run == 0) first = got;
           else EXPECT_EQ(got, first) << "not reproducible";
         }
+        if (tensor_core) {  // split-K sums reduced in a thread-block cluster: the same bits
+          ASSERT_TRUE(y_dev->fill_bytes(0xFF).ok());
+          cuda::GemvOptions options{algorithm, k_splits};
+          options.cluster_reduce = true;
+          Status st = cuda::gemv_gptq(weights->view(), x_dev->as<float>(), y_dev->as<float>(), *workspace, nullptr, options);
+          ASSERT_TRUE(st.ok()) << st.to_string();
+          std::vector<float> got(c.rows);
+          ASSERT_TRUE(y_dev->download(got.data(), c.rows * 4).ok());
+          EXPECT_EQ(got, first) << "cluster reduction";
+        }
       }
     }
   }
@@ -706,9 +716,10 @@ TEST(KernelsCuda, OverlappedLaunchChainGivesTheSameBitsAsSerialLaunches) {
   auto workspace = cuda::GemvWorkspace::create();
   auto stream = cuda::CudaStream::create();
   ASSERT_TRUE(workspace.ok() && stream.ok());
-  auto run_layer = [&](bool overlap) -> Status {
+  auto run_layer = [&](bool overlap, bool cluster = false) -> Status {
     cuda::GemvOptions options;
     options.overlap_previous = overlap;
+    options.cluster_reduce = cluster;
     cuda::GemvFusion normed;
     normed.input = cuda::GemvInput::kRmsNorm;
     normed.norm_weight = cuda::DeviceVector{DType::kBF16, hidden, norm_dev.data()};
@@ -728,15 +739,17 @@ TEST(KernelsCuda, OverlappedLaunchChainGivesTheSameBitsAsSerialLaunches) {
   };
   constexpr int kLayers = 12;
   std::vector<float> serial;
-  for (int variant = 0; variant < 3; ++variant) {  // serial; overlapped on the stream; overlapped in a graph
+  // serial; overlapped on the stream; overlapped in a graph; the same with cluster split-K reductions
+  for (int variant = 0; variant < 5; ++variant) {
     SCOPED_TRACE(variant);
+    const bool cluster = variant >= 3;
     ASSERT_TRUE(x.upload(x0.data(), hidden * 4).ok());
-    if (variant < 2) {
-      for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(run_layer(variant == 1).ok());
+    if (variant < 2 || variant == 3) {
+      for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(run_layer(variant != 0, cluster).ok());
     } else {
       ASSERT_TRUE(cuda::CudaGraph::begin_capture(stream->get()).ok());
       Status enqueued = Status();
-      for (int l = 0; l < kLayers && enqueued.ok(); ++l) enqueued = run_layer(true);
+      for (int l = 0; l < kLayers && enqueued.ok(); ++l) enqueued = run_layer(true, cluster);
       auto graph = cuda::CudaGraph::end_capture(stream->get());
       ASSERT_TRUE(enqueued.ok()) << enqueued.to_string();
       ASSERT_TRUE(graph.ok()) << graph.status().to_string();

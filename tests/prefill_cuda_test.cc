@@ -112,6 +112,8 @@ TEST(PrefillCuda, RopeRowsRotatesAndStoresEveryToken) {
 // Against ref::attention on the same fp16 keys and values; q and the probabilities are rounded to fp16 on the
 // GPU (relative 2^-11 each), so the bound is a few 1e-4 on random data.
 constexpr double kPrefillAttentionTolerance = 2e-3;
+// prefill_attention_short keeps q and the probabilities in float32: only the sums' order differs.
+constexpr double kShortPrefillAttentionTolerance = 1e-5;
 
 TEST(PrefillCuda, AttentionMatchesReferenceOverTheCache) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
@@ -119,9 +121,10 @@ TEST(PrefillCuda, AttentionMatchesReferenceOverTheCache) {
   auto blas = cuda::BlasHandle::create();
   ASSERT_TRUE(blas.ok()) << blas.status().to_string();
   struct Case { int64_t n_heads, n_kv_heads, head_dim, start, n; };
-  double worst = 0;
+  double worst = 0, worst_short = 0;
   for (const Case& c : {Case{8, 2, 32, 0, 1}, Case{8, 2, 32, 0, 5}, Case{32, 8, 128, 0, 130}, Case{32, 8, 128, 70, 64},
-                        Case{4, 1, 40, 3, 17}, Case{6, 6, 16, 1000, 33}, Case{2, 1, 256, 9, 7}}) {
+                        Case{4, 1, 40, 3, 17}, Case{6, 6, 16, 1000, 33}, Case{2, 1, 256, 9, 7},
+                        Case{8, 2, 30, 40, 29}, Case{64, 1, 64, 0, 70}}) {
     SCOPED_TRACE(std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " heads of " +
                  std::to_string(c.head_dim) + ", " + std::to_string(c.n) + " tokens at " + std::to_string(c.start));
     const int64_t kv_dim = c.n_kv_heads * c.head_dim, positions = c.start + c.n;
@@ -148,8 +151,21 @@ TEST(PrefillCuda, AttentionMatchesReferenceOverTheCache) {
     Status small = cuda::prefill_attention(q_dev.as<float>(), k_dev.as<uint16_t>(), v_dev.as<uint16_t>(), c.start, c.n,
                                            shape, *blas, workspace->data(), workspace_bytes - 1, out->as<float>());
     EXPECT_EQ(small.code(), ErrorCode::kOutOfRange);
+    // The one-launch kernel for short prompts: the same contract, q kept in float32.
+    ASSERT_TRUE(out->fill_bytes(0xFF).ok());
+    st = cuda::prefill_attention_short(q_dev.as<float>(), k_dev.as<uint16_t>(), v_dev.as<uint16_t>(), c.start, c.n, shape,
+                                       out->as<float>());
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const double short_error = relative_l2(download(*out, want.size()), want);
+    EXPECT_LE(short_error, kShortPrefillAttentionTolerance) << "prefill_attention_short";
+    worst_short = std::max(worst_short, short_error);
   }
-  std::printf("[ cuda prefill attention ] worst relative L2 %.3g\n", worst);
+  std::printf("[ cuda prefill attention ] worst relative L2 %.3g (cuBLAS), %.3g (short)\n", worst, worst_short);
+  EXPECT_TRUE(cuda::prefill_attention_short_preferred(0, 29));
+  EXPECT_FALSE(cuda::prefill_attention_short_preferred(0, 512));
+  EXPECT_EQ(cuda::prefill_attention_short(nullptr, nullptr, nullptr, 0, 4, cuda::PrefillAttentionShape{6, 4, 16}, nullptr)
+                .code(),
+            ErrorCode::kInvalidArgument);
 }
 
 TEST(PrefillCuda, AttentionRefusesBadShapes) {

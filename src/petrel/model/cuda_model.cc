@@ -279,6 +279,7 @@ struct CudaModel::State {
     cuda::GemvOptions gemv;
     gemv.overlap_previous = overlap;
     gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
+    gemv.cluster_reduce = options.gemv_cluster_reduce;
     float* residual = x.as<float>();
     PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, residual, s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -412,9 +413,15 @@ struct CudaModel::State {
       PETREL_RETURN_IF_ERROR(prefill_linear(w.v_proj, normed_rows, n, p.v.as<float>()));
       PETREL_RETURN_IF_ERROR(cuda::rope_store_kv_rows(p.q.as<float>(), p.k.as<float>(), p.v.as<float>(), n, start, rope,
                                                       inv_freq.as<float>(), layer_keys, layer_values, s));
-      PETREL_RETURN_IF_ERROR(cuda::prefill_attention(p.q.as<float>(), layer_keys, layer_values, start, n, attention,
-                                                     p.gemm.blas(), p.attention_workspace.data(),
-                                                     static_cast<int64_t>(p.attention_workspace.size()), p.attn.as<float>(), s));
+      if (cuda::prefill_attention_short_preferred(start, n)) {  // a short prompt: one launch, no cuBLAS
+        PETREL_RETURN_IF_ERROR(cuda::prefill_attention_short(p.q.as<float>(), layer_keys, layer_values, start, n, attention,
+                                                             p.attn.as<float>(), s));
+      } else {
+        PETREL_RETURN_IF_ERROR(cuda::prefill_attention(p.q.as<float>(), layer_keys, layer_values, start, n, attention,
+                                                       p.gemm.blas(), p.attention_workspace.data(),
+                                                       static_cast<int64_t>(p.attention_workspace.size()),
+                                                       p.attn.as<float>(), s));
+      }
       PETREL_RETURN_IF_ERROR(prefill_linear(w.o_proj, p.attn.as<float>(), n, proj_rows));
       PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, w.post_attn_norm.weight, eps, normed_rows, s));
       PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));

@@ -63,6 +63,8 @@ struct CudaModelOptions {
   // With overlap_kernels, steps of weights each GEMV block prefetches into L2 before it waits for the previous
   // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). A tuning knob for the benchmark.
   int gemv_l2_prefetch_steps = 0;
+  // The fused step's GEMVs reduce their split-K sums in thread-block clusters (cuda::GemvOptions::cluster_reduce).
+  bool gemv_cluster_reduce = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
   // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
   int64_t prefill_chunk = 512;

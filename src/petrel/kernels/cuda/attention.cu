@@ -22,21 +22,30 @@
 // Fused kernel (decode_attention_rope, the fused decode step): one launch instead of three (rope_store_kv,
 // partial, combine), laid out for latency, since at the lengths the token generator runs at the KV cache is
 // small next to the weights (Llama-3.1-8B, 128 positions: 256 KB a layer against 120 MB of W4 weights) and
-// what costs is the chain of dependent steps in a block. Block (kv_head, y), y < n_blocks =
+// what costs is the chain of dependent memory round trips in a block. Block (kv_head, y), y < n_blocks =
 // min(ceil(context_length / 32), 32); the n = *position + 1 positions are cut on the device into chunks of 32
 // and each block takes an equal run of whole chunks (so at tg128 each of the first few blocks has one chunk and
-// the rest return at once). Warp w takes the query heads w, w + 4, ... of the group; per chunk, lane t
-// scores position c0 + t (its key row read with 16-byte loads, q broadcast from shared memory), the warp
-// updates an online softmax (running max and sum, shuffles), and each lane accumulates its value dims
-// (adjacent pairs, 8 rows' loads in flight, each row's weight shuffled from the lane that scored it). No
-// block-wide reduction: a warp's heads are its own. In front, each lane computes cos/sin of the RoPE pairs
-// it rotates (rope.cu's float32 angle, double cos/sin rounded to float, no FMA contraction), rotates its
-// warp's query heads into shared memory and, in the block holding *position, the key, storing it and the
-// value as fp16 at that row. Behind, the last block of each KV head to arrive (an atomic counter per KV head,
-// reset by that block; partials through L2 as gemv_gptq's split-K) combines the blocks' (max, sum, values);
-// a lone block writes the output itself. Before it waits for the projections (programmatic dependent launch,
-// programmatic_launch.cuh) a block computes cos/sin and asks its rows into L2. The cache is read with
-// ld.global.cg, so the row this block stored is seen by all its threads. split_positions applies to the
+// the rest return at once).
+//  - First, before it waits for the projections (programmatic dependent launch, programmatic_launch.cuh), a
+//    block copies its first one or two chunks of keys and values into shared memory with cp.async (8 16-byte
+//    copies a thread, all in flight together; rows written by earlier steps, never the previous kernel) and
+//    computes the cos/sin of the RoPE pairs each lane rotates (rope.cu's float32 angle, double cos/sin rounded
+//    to float, no FMA contraction).
+//  - After the wait it rotates its query heads into shared memory and, in the block holding *position, this
+//    token's key, storing key and value as fp16 at that row of the cache and in shared memory.
+//  - Per chunk, warp w takes the query heads w, w + 4, ... of the group: lane t scores position c0 + t (key row
+//    from shared memory, padded by 16 bytes so that 16-byte loads do not conflict), the warp updates an online
+//    softmax (running max and sum, shuffles) and each lane accumulates its value dims (adjacent pairs, row u's
+//    weight shuffled from lane u). A head's running state stays in registers within a chunk and in shared
+//    memory between chunks; the next chunk's copies are in flight meanwhile (two stage buffers where 48 KB
+//    allow, else one).
+//  - Behind, the last block of each KV head to arrive (an atomic counter per KV head, reset by that block;
+//    partials through L2 as gemv_gptq's split-K) combines the blocks' (max, sum, values); a lone block writes
+//    the output itself.
+// History (Llama-3.1-8B on an H200, per call in a graph at tg128's average of 64 positions): the first fused
+// version, one block per (KV head, 32-position split) with a block-wide softmax, took 23.4 us, more than the
+// two-launch pair (16.5); the online softmax over lane-per-position chunks read from L2 took 9.4 us; staging
+// the chunk in shared memory before the wait: see docs/PERFORMANCE.md. split_positions applies to the
 // two-launch path only.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,6 +53,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "petrel/kernels/cuda/async_copy.cuh"
 #include "petrel/kernels/cuda/attention.h"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
@@ -167,18 +177,39 @@ struct RopeAttentionArgs {
   float* partial_max;  // [n_blocks, n_heads]: m
   float* partial_sum;  // [n_blocks, n_heads]: sum of e^(s - m)
   uint32_t* counters;  // [n_kv_heads]
-  float* out;          // [n_heads, head_dim]
-  int n_heads, n_kv_heads, head_dim, group, n_blocks;
+  float* out;          // [n_heads, head_dim]; prefill: [n_tokens, n_heads, head_dim]
+  int64_t start;       // prefill: the position of token 0 (blockIdx.z)
+  int n_heads, n_kv_heads, head_dim, group, n_blocks, stages;
   float scale;
 };
 
-// Positions a warp scores at once: one per lane.
+// Positions a warp scores at once: one per lane; also the rows of one staged chunk.
 constexpr int kChunk = 32;
 // Blocks per KV head at most: the combine gives each block's partials a lane.
 constexpr int kMaxRopeBlocks = 32;
-// Key vectors (8 fp16 each) a lane loads before it multiplies them, and value rows a warp loads together.
-constexpr int kKeyLoads = 8;
-constexpr int kValueLoads = 8;
+
+// The fused kernel's shared memory, in bytes from the start (each part 16-byte aligned): the rotated queries
+// of the group (float32), each head's running softmax state between chunks (values, max, sum), this token's
+// key and value (fp16, as stored), and `stages` buffers of one chunk of keys (rows padded by 16 bytes, so that
+// the 8 lanes of a 16-byte shared load phase hit distinct banks) and values.
+struct RopeSharedLayout {
+  int64_t q, acc, max_sum, token, stage, key_stride, stage_bytes, total;
+};
+
+__host__ __device__ inline int64_t round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+__host__ __device__ inline RopeSharedLayout rope_shared_layout(int64_t group, int64_t head_dim, int64_t stages) {
+  RopeSharedLayout l;
+  l.key_stride = head_dim % 8 == 0 ? head_dim + 8 : head_dim + 2;  // halves
+  l.q = 0;
+  l.acc = l.q + round16(group * head_dim * 4);
+  l.max_sum = l.acc + round16(group * head_dim * 4);
+  l.token = l.max_sum + round16(2 * group * 4);
+  l.stage = l.token + round16(2 * head_dim * 2);
+  l.stage_bytes = round16(kChunk * l.key_stride * 2) + round16(kChunk * head_dim * 2);
+  l.total = l.stage + stages * l.stage_bytes;
+  return l;
+}
 
 // rope.cu's angle and cos/sin (float32 angle, double cos/sin rounded to float) of frequency i at `position`.
 __device__ __forceinline__ void rope_cos_sin(int64_t position, const float* inv_freq, int i, float& c, float& s) {
@@ -192,42 +223,35 @@ __device__ __forceinline__ float2 rotate_pair(float x0, float x1, float c, float
   return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
 }
 
-// dot(q, key row) for one lane's position: q float32 in shared memory (every lane reads the same element: a
-// broadcast), the key fp16 from the cache, two float32 partial sums.
+// dot(q, key row) for one lane's position, both in shared memory: q float32 (every lane reads the same
+// element: a broadcast), the key fp16; two float32 partial sums.
 template <bool kVector8>
 __device__ __forceinline__ float key_dot(const float* q, const __half* key, int head_dim) {
   float d0 = 0.0f, d1 = 0.0f;
-  if constexpr (kVector8) {  // head_dim % 8 == 0: 16-byte loads, kKeyLoads of them in flight
+  if constexpr (kVector8) {  // head_dim % 8 == 0: 16-byte loads
     const uint4* key8 = reinterpret_cast<const uint4*>(key);
     const float4* q4 = reinterpret_cast<const float4*>(q);
-    const int n8 = head_dim / 8;
-    for (int b = 0; b < n8; b += kKeyLoads) {
-      uint4 raw[kKeyLoads];
-#pragma unroll
-      for (int u = 0; u < kKeyLoads; ++u) raw[u] = b + u < n8 ? __ldcg(key8 + b + u) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < kKeyLoads; ++u) {
-        if (b + u < n8) {
-          const float4 qa = q4[2 * (b + u)], qb = q4[2 * (b + u) + 1];
-          const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].x)),
-                       k1 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].y)),
-                       k2 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].z)),
-                       k3 = __half22float2(*reinterpret_cast<const __half2*>(&raw[u].w));
-          d0 = fmaf(qa.x, k0.x, d0);
-          d1 = fmaf(qa.y, k0.y, d1);
-          d0 = fmaf(qa.z, k1.x, d0);
-          d1 = fmaf(qa.w, k1.y, d1);
-          d0 = fmaf(qb.x, k2.x, d0);
-          d1 = fmaf(qb.y, k2.y, d1);
-          d0 = fmaf(qb.z, k3.x, d0);
-          d1 = fmaf(qb.w, k3.y, d1);
-        }
-      }
+#pragma unroll 4
+    for (int b = 0; b < head_dim / 8; ++b) {
+      const uint4 raw = key8[b];
+      const float4 qa = q4[2 * b], qb = q4[2 * b + 1];
+      const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&raw.x)),
+                   k1 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y)),
+                   k2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.z)),
+                   k3 = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+      d0 = fmaf(qa.x, k0.x, d0);
+      d1 = fmaf(qa.y, k0.y, d1);
+      d0 = fmaf(qa.z, k1.x, d0);
+      d1 = fmaf(qa.w, k1.y, d1);
+      d0 = fmaf(qb.x, k2.x, d0);
+      d1 = fmaf(qb.y, k2.y, d1);
+      d0 = fmaf(qb.z, k3.x, d0);
+      d1 = fmaf(qb.w, k3.y, d1);
     }
   } else {  // any even head_dim: 4-byte loads
     const __half2* key2 = reinterpret_cast<const __half2*>(key);
     for (int i = 0; i < head_dim / 2; ++i) {
-      const float2 kf = __half22float2(__ldcg(key2 + i));
+      const float2 kf = __half22float2(key2[i]);
       d0 = fmaf(q[2 * i], kf.x, d0);
       d1 = fmaf(q[2 * i + 1], kf.y, d1);
     }
@@ -247,17 +271,28 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // kPairs: value dims a lane owns, in adjacent pairs (2 vp, 2 vp + 1), vp = lane + 32 j, j < kPairs; and RoPE
 // pairs (i, i + head_dim / 2), i = lane + 32 j. head_dim / 2 <= 32 kPairs.
-template <int kPairs, bool kVector8>
+// kPrefill (prefill_attention_short): token blockIdx.z of a prompt at position start + blockIdx.z, its query
+// rows already rotated and every key and value row already in the cache; no RoPE, no store, n_blocks = 1.
+template <int kPairs, bool kVector8, bool kPrefill>
 __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAttentionArgs a) {
   allow_dependent_launch();
   extern __shared__ float4 shared_vectors[];
-  float* q_group = reinterpret_cast<float*>(shared_vectors);  // [group, head_dim], rotated
+  char* shared_bytes = reinterpret_cast<char*>(shared_vectors);
+  const RopeSharedLayout layout = rope_shared_layout(a.group, a.head_dim, a.stages);
+  float* q_group = reinterpret_cast<float*>(shared_bytes + layout.q);          // [group, head_dim], rotated
+  float* acc_state = reinterpret_cast<float*>(shared_bytes + layout.acc);      // [group, head_dim]
+  float* max_state = reinterpret_cast<float*>(shared_bytes + layout.max_sum);  // [group]
+  float* sum_state = max_state + a.group;                                      // [group]
+  __half* token_key = reinterpret_cast<__half*>(shared_bytes + layout.token);  // [head_dim]
+  __half* token_value = token_key + a.head_dim;                                // [head_dim]
   const int kv_head = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int half = a.head_dim / 2;
   const int first_head = kv_head * a.group;
   // The position is written by the host before the step, not by the previous kernel: read before the wait.
-  const int64_t position = *a.position;
+  const int64_t position = kPrefill ? a.start + blockIdx.z : int64_t{*a.position};
+  // The row this block writes and keeps in shared memory (token_key, token_value); none in prefill.
+  const int64_t own_row = kPrefill ? -1 : position;
   const int64_t n = position + 1;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   const int64_t chunks_per_block = (chunks + a.n_blocks - 1) / a.n_blocks;
@@ -267,43 +302,74 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
   if (static_cast<int>(blockIdx.y) >= active) return;
   const int64_t begin = int64_t{blockIdx.y} * chunks_per_block * kChunk;
   const int64_t end = min(n, begin + chunks_per_block * kChunk);
+  const int n_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
   const bool holds_position = end == n;  // the last active block stores this token's key and value
   const int64_t kv_stride = int64_t{a.n_kv_heads} * a.head_dim;
   const int64_t head_offset = int64_t{kv_head} * a.head_dim;
 
-  // The rows written by earlier steps into L2 while the projections finish: the first and the last byte of
-  // each key and value row (2 head_dim bytes: at most three 128-byte lines).
-  const int64_t cached_end = holds_position ? end - 1 : end;
-  for (int64_t i = threadIdx.x; i < 4 * (cached_end - begin); i += kThreads) {
-    const int64_t p = begin + i / 4;
-    const int part = static_cast<int>(i % 4);
-    const __half* row = (part < 2 ? a.keys : a.values) + p * kv_stride + head_offset;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (part % 2 == 0 ? 0 : a.head_dim - 1)));
+  // Chunk c of the block's positions into stage buffer `buffer`, one cp.async group. The row of *position is
+  // skipped: this block writes it (token_key, token_value). The other rows were written by the attention
+  // kernels of earlier decode steps (or by the prompt processor), each in a step that completed before this
+  // one was launched, so they may be read before the wait for the previous kernel.
+  const int pieces = kVector8 ? a.head_dim / 8 : a.head_dim / 2;  // copies per row
+  auto stage_chunk = [&](int c, int buffer) {
+    char* stage = shared_bytes + layout.stage + buffer * layout.stage_bytes;
+    __half* key_rows = reinterpret_cast<__half*>(stage);
+    __half* value_rows = reinterpret_cast<__half*>(stage + round16(kChunk * layout.key_stride * 2));
+    const int64_t c0 = begin + int64_t{c} * kChunk;
+    const int rows = static_cast<int>(min(int64_t{kChunk}, end - c0));
+    const int per_tensor = rows * pieces;
+    for (int i = threadIdx.x; i < 2 * per_tensor; i += kThreads) {
+      const bool is_value = i >= per_tensor;
+      const int j = is_value ? i - per_tensor : i;
+      const int r = j / pieces, piece = j % pieces;
+      if (c0 + r == own_row) continue;
+      const __half* src = (is_value ? a.values : a.keys) + (c0 + r) * kv_stride + head_offset;
+      __half* dst = is_value ? value_rows + r * a.head_dim : key_rows + r * layout.key_stride;
+      if constexpr (kVector8) {
+        cp_async16(dst + 8 * piece, src + 8 * piece);
+      } else {
+        cp_async4(dst + 2 * piece, src + 2 * piece);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < a.stages; ++s) {
+    if (s < n_chunks) stage_chunk(s, s);
+    else cp_async_commit();  // an empty group keeps the count per chunk uniform
   }
   // cos/sin of the RoPE pairs this lane rotates.
   float cos_pair[kPairs], sin_pair[kPairs];
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     const int i = lane + 32 * j;
-    if (i < half) rope_cos_sin(position, a.inv_freq, i, cos_pair[j], sin_pair[j]);
+    cos_pair[j] = 1.0f;
+    sin_pair[j] = 0.0f;
+    if (!kPrefill && i < half) rope_cos_sin(position, a.inv_freq, i, cos_pair[j], sin_pair[j]);
   }
 
   // q, k, v are the previous kernel's output: read through L2 after the wait.
   wait_for_previous_kernel();
+  const int64_t q_row = kPrefill ? int64_t{blockIdx.z} * a.n_heads : 0;  // this token's query and output rows
   for (int g = warp; g < a.group; g += kWarps) {
-    const float* q_head = a.q + int64_t{first_head + g} * a.head_dim;
+    const float* q_head = a.q + (q_row + first_head + g) * a.head_dim;
     float* rotated = q_group + g * a.head_dim;
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
       const int i = lane + 32 * j;
       if (i < half) {
-        const float2 r = rotate_pair(__ldcg(q_head + i), __ldcg(q_head + i + half), cos_pair[j], sin_pair[j]);
-        rotated[i] = r.x;
-        rotated[i + half] = r.y;
+        if constexpr (kPrefill) {
+          rotated[i] = __ldcg(q_head + i);
+          rotated[i + half] = __ldcg(q_head + i + half);
+        } else {
+          const float2 r = rotate_pair(__ldcg(q_head + i), __ldcg(q_head + i + half), cos_pair[j], sin_pair[j]);
+          rotated[i] = r.x;
+          rotated[i + half] = r.y;
+        }
       }
     }
   }
-  if (holds_position && warp == 0) {
+  if (!kPrefill && holds_position && warp == 0) {
     __half* key_row = a.keys + position * kv_stride + head_offset;
     __half* value_row = a.values + position * kv_stride + head_offset;
     const float* k_head = a.k + head_offset;
@@ -313,27 +379,45 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
       const int i = lane + 32 * j;
       if (i < half) {
         const float2 r = rotate_pair(__ldcg(k_head + i), __ldcg(k_head + i + half), cos_pair[j], sin_pair[j]);
-        key_row[i] = __float2half_rn(r.x);
-        key_row[i + half] = __float2half_rn(r.y);
-        value_row[i] = __float2half_rn(__ldcg(v_head + i));
-        value_row[i + half] = __float2half_rn(__ldcg(v_head + i + half));
+        const __half k0 = __float2half_rn(r.x), k1 = __float2half_rn(r.y);
+        const __half v0 = __float2half_rn(__ldcg(v_head + i)), v1 = __float2half_rn(__ldcg(v_head + i + half));
+        key_row[i] = token_key[i] = k0;
+        key_row[i + half] = token_key[i + half] = k1;
+        value_row[i] = token_value[i] = v0;
+        value_row[i + half] = token_value[i + half] = v1;
       }
     }
   }
-  __syncthreads();  // the rotated queries, and this token's cache row, visible to the whole block
 
   const int64_t out_row = int64_t{blockIdx.y} * a.n_heads + first_head;  // this block's partials of head 0
-  for (int g = warp; g < a.group; g += kWarps) {
-    const float* q = q_group + g * a.head_dim;
-    float m = -INFINITY, l = 0.0f;
-    float2 acc[kPairs];
+  for (int c = 0; c < n_chunks; ++c) {
+    if (a.stages == 2) cp_async_wait<1>();  // chunk c's group done (chunk c + 1's may be in flight)
+    else cp_async_wait<0>();
+    __syncthreads();  // every thread's copies, the rotated queries and this token's row visible to the block
+    const char* stage = shared_bytes + layout.stage + (c % a.stages) * layout.stage_bytes;
+    const __half* key_rows = reinterpret_cast<const __half*>(stage);
+    const __half* value_rows = reinterpret_cast<const __half*>(stage + round16(kChunk * layout.key_stride * 2));
+    const int64_t c0 = begin + int64_t{c} * kChunk;
+    const int count = static_cast<int>(min(int64_t{kChunk}, end - c0));
+    for (int g = warp; g < a.group; g += kWarps) {
+      // This head's running state: fresh on the first chunk, from shared memory on later ones.
+      float m = -INFINITY, l = 0.0f;
+      float2 acc[kPairs];
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(0.0f, 0.0f);
-    for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
+      for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(0.0f, 0.0f);
+      const float2* state = reinterpret_cast<const float2*>(acc_state + g * a.head_dim);
+      if (c > 0) {
+        m = max_state[g];
+        l = sum_state[g];
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          if (lane + 32 * j < half) acc[j] = state[lane + 32 * j];
+        }
+      }
       // Scores: lane t takes position c0 + t (lane 0 always has one).
-      const int64_t p = c0 + lane;
-      const bool valid = p < end;
-      const float s = valid ? key_dot<kVector8>(q, a.keys + p * kv_stride + head_offset, a.head_dim) * a.scale : -INFINITY;
+      const bool valid = lane < count;
+      const __half* key = c0 + lane == own_row ? token_key : key_rows + lane * layout.key_stride;
+      const float s = valid ? key_dot<kVector8>(q_group + g * a.head_dim, key, a.head_dim) * a.scale : -INFINITY;
       // Online softmax: the running max and sum and the value sums rescaled to the new max.
       const float m_new = fmaxf(m, warp_max(s));
       const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
@@ -342,54 +426,59 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
       m = m_new;
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(acc[j].x * correction, acc[j].y * correction);
-      // Values: kValueLoads rows' loads in flight, then each row's weight from the lane that scored it.
-      const int count = static_cast<int>(min(int64_t{kChunk}, end - c0));
-      const __half* value_base = a.values + c0 * kv_stride + head_offset;
-      for (int t0 = 0; t0 < count; t0 += kValueLoads) {
-        __half2 row[kValueLoads][kPairs];
+      // Values: row u weighted by the probability lane u computed.
+#pragma unroll 4
+      for (int u = 0; u < count; ++u) {
+        const float weight = __shfl_sync(0xFFFFFFFFu, prob, u);
+        const __half2* row = reinterpret_cast<const __half2*>(c0 + u == own_row ? token_value : value_rows + u * a.head_dim);
 #pragma unroll
-        for (int u = 0; u < kValueLoads; ++u) {
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            const int vp = lane + 32 * j;
-            row[u][j] = t0 + u < count && vp < half
-                            ? __ldcg(reinterpret_cast<const __half2*>(value_base + (t0 + u) * kv_stride) + vp)
-                            : __float2half2_rn(0.0f);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kValueLoads; ++u) {
-          const float weight = __shfl_sync(0xFFFFFFFFu, prob, t0 + u);  // 0 past count
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            const float2 vf = __half22float2(row[u][j]);
+        for (int j = 0; j < kPairs; ++j) {
+          const int vp = lane + 32 * j;
+          if (vp < half) {
+            const float2 vf = __half22float2(row[vp]);
             acc[j] = make_float2(fmaf(weight, vf.x, acc[j].x), fmaf(weight, vf.y, acc[j].y));
           }
         }
       }
+      if (c + 1 < n_chunks) {  // keep the state for the next chunk
+        float2* keep = reinterpret_cast<float2*>(acc_state + g * a.head_dim);
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          if (lane + 32 * j < half) keep[lane + 32 * j] = acc[j];
+        }
+        if (lane == 0) {
+          max_state[g] = m;
+          sum_state[g] = l;
+        }
+      } else if (active == 1) {  // the only block: normalize and write the output, no partials
+        const float inv = 1.0f / l;
+        float2* o = reinterpret_cast<float2*>(a.out + (q_row + first_head + g) * a.head_dim);
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          const int vp = lane + 32 * j;
+          if (vp < half) o[vp] = make_float2(acc[j].x * inv, acc[j].y * inv);
+        }
+      } else {
+        float2* o = reinterpret_cast<float2*>(a.partial_out + (out_row + g) * a.head_dim);
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          const int vp = lane + 32 * j;
+          if (vp < half) __stcg(o + vp, acc[j]);
+        }
+        if (lane == 0) {
+          __stcg(a.partial_max + out_row + g, m);
+          __stcg(a.partial_sum + out_row + g, l);
+        }
+      }
     }
-    if (active == 1) {  // the only block: normalize and write the output, no partials
-      const float inv = 1.0f / l;
-      float* o = a.out + int64_t{first_head + g} * a.head_dim;
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        const int vp = lane + 32 * j;
-        if (vp < half) reinterpret_cast<float2*>(o)[vp] = make_float2(acc[j].x * inv, acc[j].y * inv);
-      }
+    if (c + a.stages < n_chunks) {
+      __syncthreads();  // every warp is done with this buffer
+      stage_chunk(c + a.stages, c % a.stages);
     } else {
-      float* o = a.partial_out + (out_row + g) * a.head_dim;
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        const int vp = lane + 32 * j;
-        if (vp < half) __stcg(reinterpret_cast<float2*>(o) + vp, acc[j]);
-      }
-      if (lane == 0) {
-        __stcg(a.partial_max + out_row + g, m);
-        __stcg(a.partial_sum + out_row + g, l);
-      }
+      cp_async_commit();
     }
   }
-  if (active == 1) return;
+  if (kPrefill || active == 1) return;
 
   // The last block of this KV head to finish combines the active blocks' partials.
   __shared__ bool is_last_block;
@@ -518,6 +607,35 @@ Status decode_attention(const float* q, const uint16_t* key_cache, const uint16_
   return cuda_status(cudaGetLastError(), "decode_attention combine launch");
 }
 
+namespace {
+
+// The stage buffers the fused kernel gets: two where they fit in the default 48 KB of shared memory
+// (Llama-3.1-8B: 36 KB), else one; 0 when not even one fits.
+int rope_stages(int64_t group, int64_t head_dim) {
+  for (int stages : {2, 1}) {
+    if (rope_shared_layout(group, head_dim, stages).total <= kMaxSharedBytes) return stages;
+  }
+  return 0;
+}
+
+// Launches attention_rope_kernel<kPairs, kVector8, kPrefill> for the shape in `args`.
+template <bool kPrefill>
+cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream stream, bool overlap_previous) {
+  const size_t shared = static_cast<size_t>(rope_shared_layout(args.group, args.head_dim, args.stages).total);
+  const int half = args.head_dim / 2;
+  const bool vector8 = args.head_dim % 8 == 0;
+  auto launch = [&](auto kernel) { return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap_previous, args); };
+  if (half <= 32) {
+    return vector8 ? launch(attention_rope_kernel<1, true, kPrefill>) : launch(attention_rope_kernel<1, false, kPrefill>);
+  }
+  if (half <= 64) {
+    return vector8 ? launch(attention_rope_kernel<2, true, kPrefill>) : launch(attention_rope_kernel<2, false, kPrefill>);
+  }
+  return vector8 ? launch(attention_rope_kernel<4, true, kPrefill>) : launch(attention_rope_kernel<4, false, kPrefill>);
+}
+
+}  // namespace
+
 Status decode_attention_rope(const float* q, const float* k, const float* v, const float* inv_freq,
                              const int32_t* position, uint16_t* key_cache, uint16_t* value_cache,
                              const DecodeAttentionShape& shape, float* workspace, uint32_t* counters, float* out,
@@ -531,7 +649,8 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                             std::to_string(kMaxHeadDim));
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  if (group * shape.head_dim * 4 > kMaxSharedBytes) return unsupported(what + ": too many query heads per KV head");
+  const int stages = rope_stages(group, shape.head_dim);
+  if (stages == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (!q || !k || !v || !inv_freq || !position || !key_cache || !value_cache || !workspace || !counters || !out) {
     return invalid_argument(what + ": null device pointer");
   }
@@ -552,28 +671,60 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                                partial_sum,
                                counters,
                                out,
+                               0,
                                static_cast<int>(shape.n_heads),
                                static_cast<int>(shape.n_kv_heads),
                                static_cast<int>(shape.head_dim),
                                static_cast<int>(group),
                                blocks,
+                               stages,
                                1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
-  const size_t shared = static_cast<size_t>(group * shape.head_dim * 4);
   const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), static_cast<unsigned>(blocks));
-  const int half = static_cast<int>(shape.head_dim / 2);
-  const bool vector8 = shape.head_dim % 8 == 0;
-  cudaError_t error;
-  if (half <= 32) {
-    error = vector8 ? launch_kernel(attention_rope_kernel<1, true>, grid, dim3(kThreads), shared, stream, overlap_previous, args)
-                    : launch_kernel(attention_rope_kernel<1, false>, grid, dim3(kThreads), shared, stream, overlap_previous, args);
-  } else if (half <= 64) {
-    error = vector8 ? launch_kernel(attention_rope_kernel<2, true>, grid, dim3(kThreads), shared, stream, overlap_previous, args)
-                    : launch_kernel(attention_rope_kernel<2, false>, grid, dim3(kThreads), shared, stream, overlap_previous, args);
-  } else {
-    error = vector8 ? launch_kernel(attention_rope_kernel<4, true>, grid, dim3(kThreads), shared, stream, overlap_previous, args)
-                    : launch_kernel(attention_rope_kernel<4, false>, grid, dim3(kThreads), shared, stream, overlap_previous, args);
+  return cuda_status(launch_rope_kernel<false>(args, grid, stream, overlap_previous), "decode_attention_rope launch");
+}
+
+bool prefill_attention_short_preferred(int64_t start, int64_t n_tokens) {
+  return n_tokens >= 1 && start + n_tokens <= kShortPrefillPositions;
+}
+
+Status prefill_attention_short(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, int64_t start,
+                               int64_t n_tokens, const PrefillAttentionShape& shape, float* out, Stream stream) {
+  const std::string what = "cuda::prefill_attention_short: " + std::to_string(n_tokens) + " tokens at " +
+                           std::to_string(start) + ", " + std::to_string(shape.n_heads) + " query heads, " +
+                           std::to_string(shape.n_kv_heads) + " KV heads of head_dim " + std::to_string(shape.head_dim);
+  if (shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.n_heads % shape.n_kv_heads != 0 || shape.head_dim <= 0 ||
+      shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim || shape.n_kv_heads > 65535 || start < 0 ||
+      n_tokens <= 0 || n_tokens > 65535) {
+    return invalid_argument(what + ": needs n_kv_heads dividing n_heads, an even head_dim of at most " +
+                            std::to_string(kMaxHeadDim) + " and 1 to 65535 tokens");
   }
-  return cuda_status(error, "decode_attention_rope launch");
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  const int stages = rope_stages(group, shape.head_dim);
+  if (stages == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
+  if (!q || !key_cache || !value_cache || !out) return invalid_argument(what + ": null device pointer");
+  // Cast away const only to share the argument block: the prefill kernel writes nothing but `out`.
+  const RopeAttentionArgs args{q,
+                               nullptr,
+                               nullptr,
+                               nullptr,
+                               nullptr,
+                               const_cast<__half*>(reinterpret_cast<const __half*>(key_cache)),
+                               const_cast<__half*>(reinterpret_cast<const __half*>(value_cache)),
+                               nullptr,
+                               nullptr,
+                               nullptr,
+                               nullptr,
+                               out,
+                               start,
+                               static_cast<int>(shape.n_heads),
+                               static_cast<int>(shape.n_kv_heads),
+                               static_cast<int>(shape.head_dim),
+                               static_cast<int>(group),
+                               1,
+                               stages,
+                               1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
+  const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), 1, static_cast<unsigned>(n_tokens));
+  return cuda_status(launch_rope_kernel<true>(args, grid, stream, false), "prefill_attention_short launch");
 }
 
 }  // namespace petrel::cuda

@@ -69,4 +69,18 @@ Status prefill_attention(const float* q, const uint16_t* key_cache, const uint16
                          int64_t n_tokens, const PrefillAttentionShape& shape, BlasHandle& blas, void* workspace,
                          int64_t workspace_bytes, float* out, Stream stream = nullptr);
 
+// Positions (start + n_tokens) up to which prefill_attention_short_preferred picks the short kernel.
+inline constexpr int64_t kShortPrefillPositions = 256;
+
+// Whether prefill_attention_short is the faster choice for n_tokens queries at `start`: short prompts (a chat
+// turn), where prefill_attention's five launches (two through cuBLAS) cost more than the work.
+bool prefill_attention_short_preferred(int64_t start, int64_t n_tokens);
+
+// prefill_attention's contract (same operands, same result up to rounding) without cuBLAS or workspace, in one
+// launch: one block per (KV head, token) runs decode_attention_rope's chunked online softmax over positions
+// 0 .. start + t (serially, 32 positions at a time), so its time grows with start + n_tokens; for short prompts.
+// q is not rounded to fp16 (closer to ref::attention than prefill_attention).
+Status prefill_attention_short(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, int64_t start,
+                               int64_t n_tokens, const PrefillAttentionShape& shape, float* out, Stream stream = nullptr);
+
 }  // namespace petrel::cuda

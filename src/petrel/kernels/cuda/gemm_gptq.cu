@@ -84,6 +84,7 @@
 
 #include "petrel/kernels/cuda/blas_check.h"
 #include "petrel/kernels/cuda/cuda_check.h"
+#include "petrel/kernels/cuda/async_copy.cuh"
 #include "petrel/kernels/cuda/gemm.h"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 
@@ -111,23 +112,6 @@ __device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
-}
-
-// 16 bytes global -> shared without registers (Ampere's asynchronous copy), bypassing L1.
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
-}
-// As cp_async16, or 16 zero bytes (nothing read) when not `inside`.
-__device__ __forceinline__ void cp_async16_zero_fill(void* shared, const void* global, bool inside) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  const uint32_t bytes = inside ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(global), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 // ---- Staging x for the fused kernel.

@@ -32,7 +32,12 @@
 // tensor-core kernel dequantizes two codes per instruction into fp16 pairs (the 0x6400 magic-number trick:
 // (w & 0x000F000F) | 0x64006400 is the half2 {1024 + c0, 1024 + c4}; one sub.f16x2 or fma.f16x2 removes 1024
 // and the zero; code - zero is a small integer, exact in fp16) and lets mma.sync.m16n8k16 (f16 in, f32
-// accumulate) do 256 products per warp-instruction: ~1.3 instructions per weight in all.
+// accumulate) do 256 products per warp-instruction: ~1.3 instructions per weight in all. Two details keep the
+// hot loop at ~41 instructions a step (4 words of 32 rows a warp: 36 for dequantization, 4 mma, 1 shared load;
+// cuobjdump -sass): the mask-and-magic is one LOP3 (gptq_ptx.cuh's mask_or_magic; written in C++ it took two),
+// and the end-of-slice, group-change and promotion checks are made once per batch of 4 steps when the batch
+// is whole (compute_batch's fast path), not per step. Before both, a step took ~76 instructions; the big
+// GEMVs got 5-15% faster (gate 14336x4096 per channel 15.3 -> 13.1 us), so issue was not their main limit.
 //
 // Fragment mapping (tensor-core kernel). Thread (quad_row = lane / 4, quad_col = lane % 4) of a warp loads
 // one 16-byte vector: word (word0 + quad_col) of rows R + 4 quad_row + 0..3, R = the warp's first row. A warp
@@ -57,8 +62,9 @@
 // 4.4 TB/s (above the 3.9 TB/s of a plain streaming kernel), and the same with each block's bytes contiguous
 // (a tiled layout) is no faster. So the tensor-core kernel keeps two batches of 4 steps of weight loads in
 // flight per thread (ping-pong registers, the next batch issued before this one's arithmetic, the first one
-// before x is staged) and loads the next group's scales and zeros during the current group, in 96 registers
-// (5 blocks of 128 threads per SM). Versions measured and dropped: one batch of 4 steps (64-72 registers):
+// before x is staged) and loads the next group's scales and zeros during the current group, in at most 96
+// registers (5 blocks of 128 threads per SM; __launch_bounds__ holds it there: left alone the compiler took 105
+// and 4 blocks). Versions measured and dropped: one batch of 4 steps (64-72 registers):
 // LM head 3.1 TB/s; scales and zeros carried per step in the pipeline (124 registers, 4 blocks/SM):
 // 2.9 TB/s; weights streamed through an 8-slot cp.async ring in shared memory (68 registers): 2.1 TB/s;
 // this version capped at 80 registers for 6 blocks/SM (spills): 3.5 TB/s, against 3.4 to 3.7 TB/s
@@ -93,6 +99,7 @@
 // Layout choice. The GPTQ layout is what this kernel wants: 16-byte loads, every byte of each 128-byte line
 // used, consecutive warps on consecutive lines, no repacking at load; the loads-only experiment above found
 // no gain from a contiguous (Marlin-style) tiling, so `petrel export --backend cuda` can keep it.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -119,6 +126,7 @@ constexpr int kUnroll = 4;        // the CUDA-core kernel: steps whose weight lo
 // (16 mmas, 256 inputs), also within a long group (per-channel).
 constexpr int kPromoteSteps = 8;
 constexpr int kMaxParts = kMaxGemvGroupMembers;
+constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster Hopper schedules
 static_assert(kRowsPerBlock == 128 && kThreads == 128, "both kernels map 128 threads onto 128 rows");
 
 // One matrix of a launch: its tensors, its output, and the first block (blockIdx.x) of the grid that works on it.
@@ -150,6 +158,7 @@ struct GemvArgs {
   int k_splits;
   int steps_per_split;
   int l2_prefetch_steps;
+  int cluster_reduce;  // the k_splits blocks of a row range form a cluster (GemvOptions::cluster_reduce)
 };
 
 // The matrix block blockIdx.x works on. Unrolled over constant indices, so the parameter array is not copied
@@ -223,6 +232,34 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m
     }
     return;
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.cluster_reduce) {
+    // Each block leaves its 128 row sums in its shared memory; after a cluster barrier, block (rank) r adds
+    // float4 i = r, r + k_splits, ... of every rank's sums in rank order (the order of the L2 path below, so
+    // the same bits) and writes them; a second barrier keeps every block's shared memory alive until read.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float4 block_sums[kRowsPerBlock / 4];
+    if (writer) block_sums[(row - block_row0) / 4] = sums;
+    cluster.sync();
+    const int i = static_cast<int>(cluster.block_rank()) + a.k_splits * static_cast<int>(threadIdx.x);
+    const int64_t r = block_row0 + 4 * i;
+    if (i < kRowsPerBlock / 4 && r < m.rows) {
+      float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int s = 0; s < a.k_splits; ++s) {
+        const float4 v = *cluster.map_shared_rank(block_sums + i, s);
+        total = make_float4(total.x + v.x, total.y + v.y, total.z + v.z, total.w + v.w);
+      }
+      if (a.residual) {
+        const float4 res = __ldcg(reinterpret_cast<const float4*>(a.residual + r));
+        total = make_float4(res.x + total.x, res.y + total.y, res.z + total.z, res.w + total.w);
+      }
+      *reinterpret_cast<float4*>(m.y + r) = total;
+    }
+    cluster.sync();
+    return;
+  }
+#endif
   __shared__ bool is_last_block;
   const int64_t slice_stride = int64_t{gridDim.x} * kRowsPerBlock;  // partials of one input slice
   const int64_t slot = int64_t{blockIdx.x} * kRowsPerBlock;         // this block's rows in a slice's partials
@@ -330,7 +367,7 @@ __device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, floa
 constexpr int kBatch = 4;
 
 template <int kBits, GemvInput kInput>
-__global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, 5) gemv_gptq_tensor_core(const GemvArgs a) {
   allow_dependent_launch();
   const GemvPart m = block_part(a);
   const int64_t block_row0 = int64_t{static_cast<int>(blockIdx.x) - m.first_block} * kRowsPerBlock;
@@ -613,15 +650,28 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 template <int kBits>
 cudaError_t launch_tensor_core(GemvInput input, dim3 grid, size_t shared, cudaStream_t stream, bool overlap,
                                const GemvArgs& args) {
+  auto launch = [&](auto kernel) {
+    if (args.cluster_reduce) {
+      return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
+    }
+    return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap, args);
+  };
   switch (input) {
     case GemvInput::kRmsNorm:
-      return launch_kernel(gemv_gptq_tensor_core<kBits, GemvInput::kRmsNorm>, grid, kThreads, shared, stream, overlap, args);
+      return launch(gemv_gptq_tensor_core<kBits, GemvInput::kRmsNorm>);
     case GemvInput::kSiluMul:
-      return launch_kernel(gemv_gptq_tensor_core<kBits, GemvInput::kSiluMul>, grid, kThreads, shared, stream, overlap, args);
+      return launch(gemv_gptq_tensor_core<kBits, GemvInput::kSiluMul>);
     case GemvInput::kPlain:
       break;
   }
-  return launch_kernel(gemv_gptq_tensor_core<kBits, GemvInput::kPlain>, grid, kThreads, shared, stream, overlap, args);
+  return launch(gemv_gptq_tensor_core<kBits, GemvInput::kPlain>);
+}
+
+// Whether the current device can launch thread-block clusters (compute capability 9.0 and later).
+bool device_has_clusters() {
+  int device = 0, supported = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  return cudaDeviceGetAttribute(&supported, cudaDevAttrClusterLaunch, device) == cudaSuccess && supported != 0;
 }
 
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
@@ -687,6 +737,8 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.k_splits = plan.k_splits;
   args.steps_per_split = static_cast<int>(plan.steps_per_split);
   args.l2_prefetch_steps = options.l2_prefetch_steps > 0 ? options.l2_prefetch_steps : 0;
+  args.cluster_reduce = tensor_core && options.cluster_reduce && plan.k_splits > 1 &&
+                        plan.k_splits <= kMaxClusterSplits && device_has_clusters();
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
   const size_t shared = static_cast<size_t>(plan.shared_bytes);
   cudaError_t error = cudaSuccess;

@@ -78,6 +78,10 @@ struct GemvOptions {
   // Steps (of 4 packed input words) of each block's slice of the weights asked into L2 before that wait,
   // beyond the two batches of 4 steps each thread loads into registers (tensor-core kernel only; 0: none).
   int l2_prefetch_steps = kDefaultL2PrefetchSteps;
+  // Split-K sums reduced inside a thread-block cluster (the k_splits blocks of a row range exchange their
+  // partial sums through distributed shared memory; Hopper and later, k_splits <= 16, tensor-core kernel)
+  // instead of through L2 with an arrival counter. The same sums in the same order: bitwise the same y.
+  bool cluster_reduce = false;
 };
 
 // What a GEMV does to its input as it stages it and to its output as it writes it: the token generator's
