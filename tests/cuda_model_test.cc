@@ -221,7 +221,7 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   const std::vector<float> reference = cuda_logits(**model, tokens, unfused);
   CudaModelOptions fused = unfused;
   fused.fused_step = true;
-  fused.overlap_kernels = true;  // programmatic dependent launch and L2 prefetch (off by default)
+  fused.overlap_kernels = true;  // programmatic dependent launch and L2 prefetch (the defaults)
   fused.gemv_l2_prefetch_steps = 16;
   const std::vector<float> overlapped = cuda_logits(**model, tokens, fused);
   ASSERT_EQ(overlapped.size(), reference.size());

@@ -56,13 +56,14 @@ struct CudaModelOptions {
   // or a float checkpoint: the unfused sequence (eleven launches per layer, side streams), kept for comparison.
   bool fused_step = true;
   // In the fused step, each kernel may start while the one before it finishes (programmatic dependent launch;
-  // Hopper and later GPUs, ignored on older ones). Off by default: on the H200 the 8B step ran 2-4% slower
-  // with it (per channel: 306.8 and 311.6 tok/s against 319.8 and 319.2 without, two runs; group 128: a tie),
-  // docs/PERFORMANCE.md.
-  bool overlap_kernels = false;
+  // Hopper and later GPUs, ignored on older ones). On since the attention kernel stages its KV chunks before it
+  // waits (2026-12-03, H200, 8B tg128: 471.9 tok/s against 432.5 without per channel, 428.2 against 385.4 at
+  // group 128); it had been off while it cost 2-4% (docs/PERFORMANCE.md).
+  bool overlap_kernels = true;
   // With overlap_kernels, steps of weights each GEMV block prefetches into L2 before it waits for the previous
-  // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). A tuning knob for the benchmark.
-  int gemv_l2_prefetch_steps = 0;
+  // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). 16: a tie with 0 per channel, +1.4% at group 128;
+  // 64 was 5% slower.
+  int gemv_l2_prefetch_steps = 16;
   // The fused step's GEMVs reduce their split-K sums in thread-block clusters (cuda::GemvOptions::cluster_reduce).
   bool gemv_cluster_reduce = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the

@@ -684,7 +684,7 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
 }
 
 bool prefill_attention_short_preferred(int64_t start, int64_t n_tokens) {
-  return n_tokens >= 1 && start + n_tokens <= kShortPrefillPositions;
+  return n_tokens >= 1 && n_tokens <= kShortPrefillTokens && start + n_tokens <= kShortPrefillPositions;
 }
 
 Status prefill_attention_short(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, int64_t start,

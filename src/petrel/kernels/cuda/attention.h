@@ -69,11 +69,14 @@ Status prefill_attention(const float* q, const uint16_t* key_cache, const uint16
                          int64_t n_tokens, const PrefillAttentionShape& shape, BlasHandle& blas, void* workspace,
                          int64_t workspace_bytes, float* out, Stream stream = nullptr);
 
-// Positions (start + n_tokens) up to which prefill_attention_short_preferred picks the short kernel.
-inline constexpr int64_t kShortPrefillPositions = 256;
+// The largest chunk (n_tokens) and the most positions (start + n_tokens) for which
+// prefill_attention_short_preferred picks the short kernel.
+inline constexpr int64_t kShortPrefillTokens = 64;
+inline constexpr int64_t kShortPrefillPositions = 512;
 
-// Whether prefill_attention_short is the faster choice for n_tokens queries at `start`: short prompts (a chat
-// turn), where prefill_attention's five launches (two through cuBLAS) cost more than the work.
+// Whether prefill_attention_short is the better choice for n_tokens queries at `start`: short prompts (a chat
+// turn), where prefill_attention's five launches (two through cuBLAS) cost more than the work. A block's
+// positions are a serial chain of 32-position chunks, hence the bound on start + n_tokens.
 bool prefill_attention_short_preferred(int64_t start, int64_t n_tokens);
 
 // prefill_attention's contract (same operands, same result up to rounding) without cuBLAS or workspace, in one
