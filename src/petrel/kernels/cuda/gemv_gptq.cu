@@ -62,9 +62,10 @@
 // 4.4 TB/s (above the 3.9 TB/s of a plain streaming kernel), and the same with each block's bytes contiguous
 // (a tiled layout) is no faster. So the tensor-core kernel keeps two batches of 4 steps of weight loads in
 // flight per thread (ping-pong registers, the next batch issued before this one's arithmetic, the first one
-// before x is staged) and loads the next group's scales and zeros during the current group, in at most 96
-// registers (5 blocks of 128 threads per SM; __launch_bounds__ holds it there: left alone the compiler took 105
-// and 4 blocks). Versions measured and dropped: one batch of 4 steps (64-72 registers):
+// before x is staged) and loads the next group's scales and zeros during the current group, in 105 registers
+// since the batch fast path (4 blocks of 128 threads per SM, as many as the planner's grids put on an SM).
+// Holding it at 96 (__launch_bounds__(128, 5)) measured the same tg128 per channel and 2% less at group 128,
+// the big GEMVs ~3% slower (2026-12-03, two H200 runs): left to the compiler. Versions measured and dropped: one batch of 4 steps (64-72 registers):
 // LM head 3.1 TB/s; scales and zeros carried per step in the pipeline (124 registers, 4 blocks/SM):
 // 2.9 TB/s; weights streamed through an 8-slot cp.async ring in shared memory (68 registers): 2.1 TB/s;
 // this version capped at 80 registers for 6 blocks/SM (spills): 3.5 TB/s, against 3.4 to 3.7 TB/s
@@ -367,7 +368,7 @@ __device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, floa
 constexpr int kBatch = 4;
 
 template <int kBits, GemvInput kInput>
-__global__ void __launch_bounds__(kThreads, 5) gemv_gptq_tensor_core(const GemvArgs a) {
+__global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   allow_dependent_launch();
   const GemvPart m = block_part(a);
   const int64_t block_row0 = int64_t{static_cast<int>(blockIdx.x) - m.first_block} * kRowsPerBlock;
