@@ -38,25 +38,37 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #endif
 }
 
-// kernel<<<grid, block, shared, stream>>>(args...), with programmatic stream serialization when `overlap`.
+// kernel<<<grid, block, shared, stream>>>(args...) with the launch attributes `attributes[0 .. n)`.
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
-                          bool overlap, Args&&... args) {
+cudaError_t launch_with_attributes(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                                   cudaLaunchAttribute* attributes, unsigned n, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = overlap ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+inline cudaLaunchAttribute overlap_attribute() {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...), with programmatic stream serialization when `overlap`.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                          bool overlap, Args&&... args) {
+  cudaLaunchAttribute attributes[1] = {overlap_attribute()};
+  return launch_with_attributes(kernel, grid, block, shared, stream, attributes, overlap ? 1 : 0, std::forward<Args>(args)...);
+}
+
 // launch_kernel in thread-block clusters of `cluster` blocks (grid divisible by it; Hopper and later). Cluster
-// sizes above 8 need cudaFuncAttributeNonPortableClusterSizeAllowed, set here on first use.
+// sizes above 8 need cudaFuncAttributeNonPortableClusterSizeAllowed, set here before each such launch.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_kernel_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, dim3 cluster, size_t shared,
                                       cudaStream_t stream, bool overlap, Args&&... args) {
@@ -64,21 +76,12 @@ cudaError_t launch_kernel_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, 
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2] = {};
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster.x;
-  attribute[0].val.clusterDim.y = cluster.y;
-  attribute[0].val.clusterDim.z = cluster.z;
-  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = overlap ? 2 : 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  cudaLaunchAttribute attributes[2] = {{}, overlap_attribute()};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = cluster.x;
+  attributes[0].val.clusterDim.y = cluster.y;
+  attributes[0].val.clusterDim.z = cluster.z;
+  return launch_with_attributes(kernel, grid, block, shared, stream, attributes, overlap ? 2 : 1, std::forward<Args>(args)...);
 }
 
 }  // namespace petrel::cuda
