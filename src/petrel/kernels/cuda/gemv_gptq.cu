@@ -24,6 +24,10 @@
 // 14336x4096, 1 for the LM head; odd counts such as 5 or 17 ran 10-20% slower.) A split block writes its
 // partial sums to the workspace; the last block of a row range to arrive (an atomic counter per row block,
 // reset by that block) adds the slices in a fixed order, so results are deterministic and one launch does it.
+// With GemvOptions::cluster_reduce the k_splits blocks of a row range form a thread-block cluster and add their
+// sums through distributed shared memory instead (same order, same bits): that saves the threadfence, the atomic
+// and the L2 round trip (~1 us of a small call) but measured no faster in the 8B decode step (-0.5% per channel,
+// +1% at group 128, 2026-12-03), so it is off by default.
 //
 // Why tensor cores (kTensorCore, the default). At batch 1 the dequantization, not the FMA, is the cost: the
 // float32 way (the kCudaCore kernel: shift, mask, magic-number convert with the zero folded in, FMA) issues
