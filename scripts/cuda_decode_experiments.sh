@@ -1,8 +1,10 @@
 #!/bin/bash
 # Device-side: decode-step experiments on the 8B shape (run tool: `bash scripts/cuda_decode_experiments.sh`,
-# carry [".gl"], after `scripts/cuda_pack.sh build`): tg128 for attention splits of 16 to 512 positions a
-# block (context 4096), and, where Nsight Compute is installed, its stall breakdown of the fused attention
-# kernel and of the gate/up grouped GEMV.
+# carry [".gl"], after `scripts/cuda_pack.sh build`): tg128 and the 29-token prompt time for the fused step's
+# variants (serial, the defaults, cluster split-K) and the unfused one with attention splits (the fused
+# attention kernel ignores splits), the GEMV sweep (fixed k_splits, cluster reduction, loads-only reads with 8
+# and 16 loads in flight), and, where Nsight Compute is installed, its stall breakdown of the fused attention
+# kernel and of the grouped GEMVs.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
@@ -10,8 +12,10 @@ export LD_LIBRARY_PATH=/tmp/pkg/lib
 . scripts/cuda_libs.sh
 B=/tmp/pkg/bin
 $B/petrel_bench_decode_cuda --preset llama-3.1-8b --group -1 --reps 3 \
-  --variants fused,fused-serial,fused-split16,fused-split64,fused-split128,fused-split512,unfused,unfused-split128 2>&1 |
-  tail -11 | tee $OUT/splits.md
+  --variants fused-serial,fused,fused-cluster,unfused,unfused-split16,unfused-split128 2>&1 |
+  tail -9 | tee $OUT/variants.md
+timeout 200 $B/petrel_bench_gemv_cuda --sweep --reps 10 > $OUT/gemv_sweep.md 2>&1
+grep -E "^\| [0-9]+ x|auto" $OUT/gemv_sweep.md | head -30
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
   timeout 150 $NCU --kernel-name regex:'attention_rope|gemv_gptq_tensor_core' --launch-skip 400 --launch-count 6 \
