@@ -57,6 +57,7 @@
 #include "petrel/kernels/cuda/attention.h"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
+#include "petrel/kernels/cuda/rope_math.cuh"
 
 namespace petrel::cuda {
 
@@ -66,6 +67,17 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxPerLane = kMaxHeadDim / 32;
 constexpr int64_t kMaxSharedBytes = 48 * 1024;  // the default dynamic limit, no opt-in needed
+
+// Max and sum over the 32 lanes of a warp (butterfly shuffles: every lane gets the result).
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+  return v;
+}
 
 struct PartialArgs {
   const float* q;
@@ -110,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(const Parti
         const int d = lane + 32 * j;
         if (d < a.head_dim) dot = fmaf(q_group[g * a.head_dim + d], key[j], dot);
       }
-      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, offset);
+      dot = warp_sum(dot);
       if (lane == 0) scores[g * a.split + p] = dot * a.scale;
     }
   }
@@ -120,14 +132,14 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(const Parti
     float* s = scores + g * a.split;
     float m = -INFINITY;
     for (int p = lane; p < len; p += 32) m = fmaxf(m, s[p]);
-    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+    m = warp_max(m);
     float sum = 0.0f;
     for (int p = lane; p < len; p += 32) {
       const float e = expf(s[p] - m);
       s[p] = e;
       sum += e;
     }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+    sum = warp_sum(sum);
     if (lane == 0) {
       a.partial_max[out_base + g] = m;
       a.partial_sum[out_base + g] = sum;
@@ -211,18 +223,6 @@ __host__ __device__ inline RopeSharedLayout rope_shared_layout(int64_t group, in
   return l;
 }
 
-// rope.cu's angle and cos/sin (float32 angle, double cos/sin rounded to float) of frequency i at `position`.
-__device__ __forceinline__ void rope_cos_sin(int64_t position, const float* inv_freq, int i, float& c, float& s) {
-  const float angle = __fmul_rn(static_cast<float>(position), inv_freq[i]);
-  c = static_cast<float>(cos(static_cast<double>(angle)));
-  s = static_cast<float>(sin(static_cast<double>(angle)));
-}
-
-// rope.cu's rotation of the pair (x0, x1) = (x[i], x[i + half]), no FMA contraction.
-__device__ __forceinline__ float2 rotate_pair(float x0, float x1, float c, float s) {
-  return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
-}
-
 // dot(q, key row) for one lane's position, both in shared memory: q float32 (every lane reads the same
 // element: a broadcast), the key fp16; two float32 partial sums.
 template <bool kVector8>
@@ -257,16 +257,6 @@ __device__ __forceinline__ float key_dot(const float* q, const __half* key, int 
     }
   }
   return d0 + d1;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  return v;
 }
 
 // kPairs: value dims a lane owns, in adjacent pairs (2 vp, 2 vp + 1), vp = lane + 32 j, j < kPairs; and RoPE

@@ -69,7 +69,8 @@
 // before x is staged) and loads the next group's scales and zeros during the current group, in 105 registers
 // since the batch fast path (4 blocks of 128 threads per SM, as many as the planner's grids put on an SM).
 // Holding it at 96 (__launch_bounds__(128, 5)) measured the same tg128 per channel and 2% less at group 128,
-// the big GEMVs ~3% slower (2026-12-03, two H200 runs): left to the compiler. Versions measured and dropped: one batch of 4 steps (64-72 registers):
+// the big GEMVs ~3% slower (2026-12-03, two H200 runs): left to the compiler. Versions measured and dropped:
+// one batch of 4 steps (64-72 registers):
 // LM head 3.1 TB/s; scales and zeros carried per step in the pipeline (124 registers, 4 blocks/SM):
 // 2.9 TB/s; weights streamed through an 8-slot cp.async ring in shared memory (68 registers): 2.1 TB/s;
 // this version capped at 80 registers for 6 blocks/SM (spills): 3.5 TB/s, against 3.4 to 3.7 TB/s
@@ -522,8 +523,8 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   };
   auto compute_batch = [&](const uint4 (&batch)[kBatch], int first) {
     // The common case, decided once per batch (uniform across the block): kBatch steps inside the slice, a
-    // group change at most before the first. At ~45 instructions a step of arithmetic, the per-step checks
-    // below cost a fifth of the loop.
+    // group change at most before the first. At ~41 instructions a step of arithmetic, per-step checks cost
+    // a large share of the loop.
     if (first + kBatch <= slice.steps &&
         (steps_to_group >= kBatch || (steps_to_group == 0 && a.group_steps >= kBatch))) {
       if (steps_to_group == 0) {

@@ -18,17 +18,13 @@
 
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/rope.h"
+#include "petrel/kernels/cuda/rope_math.cuh"
 
 namespace petrel::cuda {
 
 namespace {
 
 constexpr int kMaxHalf = 128;  // head_dim <= 256
-
-__device__ __forceinline__ void rotate(float a, float b, float c, float s, float& a_out, float& b_out) {
-  a_out = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  b_out = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
 
 // Block h < n_heads rotates query head h; block n_heads + j rotates key head j, stores it and value head j.
 // Thread i handles the pair (i, i + half) and computes its own cos/sin (the first version, one block looping
@@ -62,11 +58,10 @@ __global__ void __launch_bounds__(kMaxHalf) rope_store_kv_kernel(float* __restri
     }
   }
   if (i >= half) return;
-  const float angle = __fmul_rn(static_cast<float>(pos), inv_freq[i]);
-  const float c = static_cast<float>(cos(static_cast<double>(angle)));
-  const float s = static_cast<float>(sin(static_cast<double>(angle)));
-  float a_out, b_out;
-  rotate(a, b, c, s, a_out, b_out);
+  float c, s;
+  rope_cos_sin(pos, inv_freq, i, c, s);
+  const float2 rotated = rotate_pair(a, b, c, s);
+  const float a_out = rotated.x, b_out = rotated.y;
   if (is_query) {
     float* qh = q + int64_t{head} * head_dim;
     qh[i] = a_out;
