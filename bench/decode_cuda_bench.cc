@@ -22,6 +22,9 @@
 //   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
 //   fused-prefetch64  the same with 64 steps of prefetch
 //   fused-cluster     fused-prefetch with the GEMVs' split-K sums reduced in thread-block clusters
+//   fused-gemm-prefill  the defaults, but prompt chunks of <= 32 tokens through the GEMM, not the batch GEMV
+//                     (only the "prompt N ms" column differs)
+//   fused-batch-mlp   the defaults, and the MLP of short prompt chunks through the batch GEMV too
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
@@ -207,6 +210,10 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   } else if (base == "fused-prefetch64") {
     o.overlap_kernels = true;
     o.gemv_l2_prefetch_steps = 64;
+  } else if (base == "fused-gemm-prefill") {
+    o.batch_prefill = false;
+  } else if (base == "fused-batch-mlp") {
+    o.batch_prefill_mlp = true;
   } else if (base != "fused") {
     return false;
   }

@@ -2,7 +2,7 @@
 // shapes at prompt-processing batch sizes, each algorithm, against the device's copy bandwidth and cuBLAS's
 // own fp16 rate measured in the same run.
 //
-//   petrel_bench_gemm_cuda [--sweep] [--reps N] [--json FILE]
+//   petrel_bench_gemm_cuda [--sweep] [--reps N] [--max-m M] [--json FILE]
 //
 // For each shape (q/o 4096x4096, k/v 1024x4096, gate/up 14336x4096, down 4096x14336), 4-bit per-channel and
 // group 128, and m in 1, 8, 16, 29, 32, 64, 128, 256, 512: the median over --reps (>= 20) of the time per
@@ -14,6 +14,7 @@
 // weight GB/s the GPTQ bytes (qweight, scales, zeros). The tensor-core result is checked against the
 // dequant + cuBLAS one (relative L2). Then each layer's 7 linears summed ("ms per layer") and the implied
 // prompt tokens/s of 32 layers (linears only: no attention, norms or LM head).
+// Up to 32 tokens the batch GEMV (gemv_gptq_batch) is timed too; --max-m skips the larger m.
 // --sweep also times the fused kernel at fixed token tiles, warps, pipeline stages and splits (the 3 fastest
 // printed, all in the JSON), to check the planner.
 #include <cublas_v2.h>
@@ -36,6 +37,7 @@
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/kernels/cuda/gemm.h"
+#include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/util/dtype.h"
 
 namespace {
@@ -185,14 +187,16 @@ double relative_l2(const std::vector<float>& got, const std::vector<float>& want
 int main(int argc, char** argv) {
   int reps = 20;
   bool sweep = false;
+  int64_t max_tokens = 512;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--sweep") sweep = true;
     else if (arg == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (arg == "--max-m" && i + 1 < argc) max_tokens = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--max-m M] [--json FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -200,6 +204,7 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto ws = take(cuda::GemmWorkspace::create(), "workspace");
+  auto gemv_ws = take(cuda::GemvWorkspace::create(int64_t{4} << 20), "gemv workspace");  // as CudaModel's prompt processor
 
   const double copy_gbs = copy_bandwidth_gbs(stream, 20);
   // The peer ceiling: cuBLAS fp16 x fp16 -> float32 (float32 compute), 4096x4096 weights, 512 tokens, and a
@@ -278,6 +283,7 @@ int main(int argc, char** argv) {
         }
       }
       for (int64_t m : ms) {
+        if (m > max_tokens) continue;
         const double flop = 2.0 * s.rows * s.cols * m;
         // Correctness of the fused kernel against the dequant + cuBLAS path on the same weights.
         std::vector<float> reference(m * s.rows), fused(m * s.rows);
@@ -328,6 +334,57 @@ int main(int argc, char** argv) {
           });
           report("cuBLAS on fp16 W (no dequant)", "", t, -1);
           add_layer(group_name, "cuBLAS on fp16 W", m, t, s.per_layer);
+        }
+        if (m <= cuda::kMaxGemvTokens) {
+          // The batch GEMV (gemv_gptq_batch: the token generator's kernel over up to 32 tokens), overlapping
+          // the previous call as in the prompt processor; checked against the dequant + cuBLAS result.
+          auto batch_plan = [&](const cuda::GemvOptions& options) {
+            const cuda::GemvGroupMember member{&g.views[0], y};
+            return cuda::plan_gemv_gptq_batch(std::span(&member, 1), m, gemv_ws.multiprocessors(),
+                                              gemv_ws.partial_capacity(), options);
+          };
+          auto batch_string = [](const cuda::GemvPlan& p) {
+            return "splits " + std::to_string(p.k_splits) + ", row tiles " + std::to_string(p.row_tiles);
+          };
+          auto batch_time = [&](const cuda::GemvOptions& options, int batch_reps) {
+            return time_calls(stream, batch_reps, [&](int i) {
+              const cuda::GemvGroupMember member{&g.views[i % g.views.size()], y};
+              return cuda::gemv_gptq_batch(std::span(&member, 1), x, m, gemv_ws, stream, options);
+            });
+          };
+          cuda::GemvOptions options;
+          options.overlap_previous = true;
+          std::vector<float> got(m * s.rows);
+          check(y_dev.fill_bytes(0xFF), "poison");
+          const cuda::GemvGroupMember member{&g.views[0], y};
+          check(cuda::gemv_gptq_batch(std::span(&member, 1), x, m, gemv_ws, stream, options), "batch gemv");
+          CHECK_CUDA(cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, stream));
+          CHECK_CUDA(cudaStreamSynchronize(stream));
+          const Timing t = batch_time(options, reps);
+          report("batch gemv", batch_string(take(batch_plan(options), "batch plan")), t, relative_l2(got, reference));
+          add_layer(group_name, "batch gemv", m, t, s.per_layer);
+          if (sweep && (m == 8 || m == 16 || m == 29 || m == 32)) {
+            struct Variant { Timing t; std::string plan; };
+            std::vector<Variant> variants;
+            for (int row_tiles : {1, 2, 4}) {
+              for (int splits : {0, 1, 2, 4, 8, 16}) {
+                cuda::GemvOptions o = options;
+                o.row_tiles = row_tiles;
+                o.k_splits = splits;
+                auto plan = batch_plan(o);
+                if (!plan.ok() || (splits > 0 && plan->k_splits != splits)) continue;
+                const Timing vt = batch_time(o, std::max(5, reps / 2));
+                variants.push_back({vt, batch_string(*plan) + (splits == 0 ? " (planned splits)" : "")});
+                results.push_back({{"shape", s.name}, {"group", group_name}, {"m", m}, {"algorithm", "batch gemv sweep"},
+                                   {"plan", variants.back().plan}, {"stream_us", vt.stream_us}, {"graph_us", vt.graph_us}});
+              }
+            }
+            std::sort(variants.begin(), variants.end(),
+                      [](const Variant& a, const Variant& b) { return a.t.graph_us < b.t.graph_us; });
+            for (size_t i = 0; i < std::min<size_t>(4, variants.size()); ++i) {
+              report("batch sweep #" + std::to_string(i + 1), variants[i].plan, variants[i].t, -1);
+            }
+          }
         }
         if (sweep && (m == 16 || m == 29 || m == 64 || m == 128 || m == 256 || m == 512)) {
           struct Variant { Timing t; std::string plan; };

@@ -137,6 +137,36 @@ TEST(KernelsCuda, PlanSplitsSmallMatricesAndBoundsSharedMemory) {
   EXPECT_GE(plan->k_splits, 3);
   plan = cuda::plan_gemv_gptq(m, 132, 1 << 18);  // too little workspace for the splits it must make
   EXPECT_FALSE(plan.ok());
+  // Batch plans: staged x within the raised limit, token rows 64 bytes apart modulo 128, the row tiles asked
+  // for, the partials within the workspace.
+  cuda::DeviceGptqMatrix gate = m;
+  gate.rows = 14336;
+  gate.cols = 4096;
+  gate.group_size = 128;
+  const cuda::GemvGroupMember gate_up[] = {{&gate, nullptr}, {&gate, nullptr}};
+  for (int64_t tokens : {1, 8, 29, 32}) {
+    for (int row_tiles : {0, 1, 4}) {
+      cuda::GemvOptions options;
+      options.row_tiles = row_tiles;
+      auto batch = cuda::plan_gemv_gptq_batch(gate_up, tokens, 132, int64_t{4} << 20, options);
+      ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+      EXPECT_LE(batch->shared_bytes, cuda::GemvPlan::kMaxBatchSharedBytes);
+      EXPECT_EQ(batch->x_stride_bytes % 128, 64);
+      EXPECT_EQ(batch->row_tiles_total, 224);
+      if (row_tiles > 0) {
+        EXPECT_EQ(batch->row_tiles, row_tiles);
+      }
+      EXPECT_EQ(batch->row_blocks, (224 + batch->row_tiles - 1) / batch->row_tiles);
+      EXPECT_LE(int64_t{batch->k_splits} * 224 * 128 * tokens, std::max<int64_t>(int64_t{4} << 20, 224 * 128 * tokens));
+    }
+  }
+  cuda::DeviceGptqMatrix wide = gate;
+  wide.cols = 65536;  // 2048 steps: the slice of 32 tokens' x must be split to fit shared memory
+  const cuda::GemvGroupMember one_wide[] = {{&wide, nullptr}};
+  auto batch = cuda::plan_gemv_gptq_batch(one_wide, 32, 132, int64_t{1} << 28);
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  EXPECT_LE(batch->shared_bytes, cuda::GemvPlan::kMaxBatchSharedBytes);
+  EXPECT_FALSE(cuda::plan_gemv_gptq_batch(one_wide, 32, 132, 1 << 20).ok());  // no room for its partials
 }
 
 TEST(KernelsCuda, GemvMatchesReferenceOnRandomAndAwkwardShapes) {
@@ -530,7 +560,7 @@ TestGptq make_gptq(std::mt19937& rng, int64_t rows, int64_t cols, int bits, int6
   TestGptq t{std::move(*packed), {}};
   auto uploaded = cuda::DeviceGptqWeights::upload(t.host.view());
   EXPECT_TRUE(uploaded.ok()) << uploaded.status().to_string();
-  t.device = std::move(*uploaded);
+  if (uploaded.ok()) t.device = std::move(*uploaded);
   return t;
 }
 
@@ -693,6 +723,123 @@ TEST(KernelsCuda, GemvResidualEpilogueUpdatesTheStreamInPlace) {
       }
     }
   }
+}
+
+// The batch kernels (prompt chunks of up to 32 tokens through the GEMV): every token's row against
+// ref::matmul on that row rounded to fp16, and bit for bit against the vector kernel on the same row with the
+// same k_splits; grouped members, SiLU*up input, the residual epilogue, several row tiles per block, and
+// token counts that leave n-tiles partly empty.
+TEST(KernelsCuda, BatchGemvMatchesReferenceAndTheVectorKernel) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(33);
+  struct Case { std::vector<int64_t> rows; int64_t cols, group; bool symmetric; };
+  const Case cases[] = {
+      {{4096, 1024, 1024}, 4096, -1, true},  // Llama-3.1-8B q/k/v
+      {{200, 72, 1032}, 1024, 128, false},   // rows that are no multiple of the 128-row tile
+      {{520}, 1056, 32, false},              // 33 steps: a partial batch of steps, an odd slice
+      {{8, 136}, 64, 32, true},              // 2 steps
+  };
+  auto workspace = cuda::GemvWorkspace::create(int64_t{4} << 20);
+  ASSERT_TRUE(workspace.ok()) << workspace.status().to_string();
+  double worst = 0;
+  for (const Case& c : cases) {
+    std::vector<TestGptq> matrices;
+    for (int64_t rows : c.rows) matrices.push_back(make_gptq(rng, rows, c.cols, 4, c.group, c.symmetric));
+    for (int64_t tokens : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{29}, int64_t{32}}) {
+      const std::vector<float> x = random_floats(rng, tokens * c.cols, 2.0f), up = random_floats(rng, tokens * c.cols);
+      cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4), up_dev = to_device(up.data(), up.size() * 4);
+      for (bool silu : {false, true}) {
+        std::vector<float> in = x;
+        if (silu) ref::silu_mul(x.data(), up.data(), tokens * c.cols, in.data());
+        const std::vector<float> in16 = round_to_f16(in);
+        const bool with_residual = matrices.size() == 1;
+        const std::vector<float> residual = random_floats(rng, tokens * c.rows[0]);
+        std::vector<std::vector<float>> want(matrices.size());
+        for (size_t i = 0; i < matrices.size(); ++i) {
+          const ref::GptqMatrix m = matrices[i].host.view();
+          want[i].resize(tokens * m.rows);
+          ref::matmul(in16.data(), tokens, m, want[i].data());
+          if (with_residual) ref::add_in_place(want[i].data(), residual.data(), tokens * m.rows);
+        }
+        const int steps = static_cast<int>((c.cols / 8 + 3) / 4);
+        for (int k_splits : {0, 1, std::min(steps, 3)}) {
+          for (int row_tiles : {0, 1, 3}) {
+            SCOPED_TRACE(std::to_string(c.rows.size()) + " matrices of " + std::to_string(c.cols) + " cols, group " +
+                         std::to_string(c.group) + ", " + std::to_string(tokens) + " tokens" + (silu ? ", silu" : "") +
+                         ", k_splits " + std::to_string(k_splits) + ", row_tiles " + std::to_string(row_tiles));
+            std::vector<cuda::DeviceBuffer> outputs;
+            std::vector<cuda::GemvGroupMember> members;
+            for (const TestGptq& m : matrices) {
+              outputs.push_back(with_residual ? to_device(residual.data(), residual.size() * 4)
+                                              : to_device(std::vector<float>(tokens * m.host.rows, NAN).data(),
+                                                          tokens * m.host.rows * 4));
+              members.push_back({&m.device.view(), outputs.back().as<float>()});
+            }
+            cuda::GemvOptions options;
+            options.k_splits = k_splits;
+            options.row_tiles = row_tiles;
+            options.overlap_previous = row_tiles == 1;
+            cuda::GemvFusion fusion;
+            fusion.input = silu ? cuda::GemvInput::kSiluMul : cuda::GemvInput::kPlain;
+            fusion.up = up_dev.as<float>();
+            if (with_residual) fusion.residual = outputs[0].as<float>();
+            Status st = cuda::gemv_gptq_batch(members, x_dev.as<float>(), tokens, *workspace, nullptr, options, fusion);
+            ASSERT_TRUE(st.ok()) << st.to_string();
+            for (size_t i = 0; i < matrices.size(); ++i) {
+              const std::vector<float> got = download_floats(outputs[i], tokens * matrices[i].host.rows);
+              const double error = relative_l2(got, want[i]);
+              EXPECT_LE(error, kTolerance) << "matrix " << i;
+              worst = std::max(worst, error);
+            }
+            if (k_splits == 0 || row_tiles != 0) continue;
+            // Each token through the vector kernel with the same splits (the batch plan may need more than
+            // asked for, to fit 32 tokens' x in shared memory): the same bits.
+            auto plan = cuda::plan_gemv_gptq_batch(members, tokens, workspace->multiprocessors(),
+                                                   workspace->partial_capacity(), options);
+            ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+            cuda::GemvOptions row_options = options;
+            row_options.k_splits = plan->k_splits;
+            for (int64_t j : {int64_t{0}, tokens - 1}) {
+              std::vector<cuda::DeviceBuffer> rows_out;
+              std::vector<cuda::GemvGroupMember> one;
+              for (const TestGptq& m : matrices) {
+                rows_out.push_back(with_residual ? to_device(residual.data() + j * m.host.rows, m.host.rows * 4)
+                                                 : to_device(std::vector<float>(m.host.rows, NAN).data(), m.host.rows * 4));
+                one.push_back({&m.device.view(), rows_out.back().as<float>()});
+              }
+              cuda::GemvFusion row_fusion = fusion;
+              row_fusion.up = up_dev.as<float>() + j * c.cols;
+              if (with_residual) row_fusion.residual = rows_out[0].as<float>();
+              st = cuda::gemv_gptq_grouped(one, x_dev.as<float>() + j * c.cols, *workspace, nullptr, row_options, row_fusion);
+              ASSERT_TRUE(st.ok()) << st.to_string();
+              for (size_t i = 0; i < matrices.size(); ++i) {
+                const int64_t rows = matrices[i].host.rows;
+                const std::vector<float> batch = download_floats(outputs[i], tokens * rows);
+                EXPECT_EQ(download_floats(rows_out[i], rows), std::vector<float>(batch.begin() + j * rows, batch.begin() + (j + 1) * rows))
+                    << "token " << j << ", matrix " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Refusals: no tokens, too many, 8-bit weights, an RMSNorm input, a residual on a group.
+  const TestGptq four = make_gptq(rng, 64, 256, 4, 128, true), eight = make_gptq(rng, 64, 256, 8, 128, true);
+  auto y = cuda::DeviceBuffer::allocate(64 * 64 * 4);
+  ASSERT_TRUE(y.ok());
+  const cuda::GemvGroupMember m4[] = {{&four.device.view(), y->as<float>()}}, m8[] = {{&eight.device.view(), y->as<float>()}};
+  EXPECT_FALSE(cuda::gemv_gptq_batch(m4, y->as<float>(), 0, *workspace).ok());
+  EXPECT_FALSE(cuda::gemv_gptq_batch(m4, y->as<float>(), cuda::kMaxGemvTokens + 1, *workspace).ok());
+  EXPECT_FALSE(cuda::gemv_gptq_batch(m8, y->as<float>(), 4, *workspace).ok());
+  cuda::GemvFusion norm;
+  norm.input = cuda::GemvInput::kRmsNorm;
+  EXPECT_FALSE(cuda::gemv_gptq_batch(m4, y->as<float>(), 4, *workspace, nullptr, {}, norm).ok());
+  cuda::GemvFusion residual;
+  residual.residual = y->as<float>();
+  const cuda::GemvGroupMember two[] = {m4[0], m4[0]};
+  EXPECT_FALSE(cuda::gemv_gptq_batch(two, y->as<float>(), 4, *workspace, nullptr, {}, residual).ok());
+  std::printf("[ cuda batch gemv ] worst relative L2 %.3g (x rounded to fp16)\n", worst);
 }
 
 // A chain of dependent launches shaped like one layer of the fused step, each overlapping the one before it,

@@ -124,6 +124,9 @@ int64_t prefill_activation_bytes(const LlamaConfig& c, int64_t chunk) {
 
 constexpr int64_t kGemmScratchBytes = int64_t{256} << 20;  // GemmWorkspace's scratch (gemm.h), plus 32 MiB cuBLAS
 constexpr int64_t kGemmWorkspaceBytes = kGemmScratchBytes + (int64_t{32} << 20);
+// The prompt processor's batch GEMV partial sums (gemv_gptq_batch): gate/up of Llama-3.1-8B at 32 tokens
+// takes 28672 x 32 floats per split, so 4M floats (16 MiB) leave it 4 splits.
+constexpr int64_t kPrefillGemvPartials = int64_t{4} << 20;
 
 Result<PrefillF16Weights> parse_prefill_f16_weights(const std::string& text) {
   if (text == "auto") return PrefillF16Weights::kAuto;
@@ -160,7 +163,7 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
     // The [chunk, vocab] logits of a kAll prompt are allocated at the first one (validation, perplexity), but
     // counted here so that the check up front covers them.
     need.scratch_bytes += prefill_activation_bytes(c, chunk) + prefill_attention_bytes(c, chunk, need.context_length) +
-                          kGemmWorkspaceBytes + chunk * c.vocab_size * 4;
+                          kGemmWorkspaceBytes + 4 * kPrefillGemvPartials + chunk * c.vocab_size * 4;
   }
   return need;
 }
@@ -211,6 +214,8 @@ struct CudaModel::State {
   struct Prefill {
     int64_t chunk = 0;
     cuda::GemmWorkspace gemm;
+    cuda::GemvWorkspace gemv;  // the batch GEMV's (chunks of up to cuda::kMaxGemvTokens tokens)
+    bool batch = false;        // options.batch_prefill on a checkpoint the batch GEMV reads (batch_prefill_applies)
     cuda::DeviceBuffer tokens;  // int32 [chunk]
     cuda::DeviceBuffer x, normed, q, k, v, attn, proj, gate, up;
     cuda::DeviceBuffer attention_workspace;
@@ -220,7 +225,7 @@ struct CudaModel::State {
       for (const cuda::DeviceBuffer* d : {&tokens, &x, &normed, &q, &k, &v, &attn, &proj, &gate, &up, &attention_workspace, &logits}) {
         b += static_cast<int64_t>(d->size());
       }
-      return b + (chunk > 0 ? kGemmWorkspaceBytes : 0);
+      return b + (chunk > 0 ? kGemmWorkspaceBytes + 4 * kPrefillGemvPartials : 0);
     }
   } prefill;
 
@@ -337,6 +342,32 @@ struct CudaModel::State {
     return true;
   }
 
+  // The batch prompt path reads every decoder linear as 4-bit GPTQ, q/k/v and gate/up each in one grouped
+  // launch, at up to cuda::kMaxGemvTokens tokens within the prompt processor's GEMV workspace.
+  bool batch_prefill_applies() const {
+    const int sms = prefill.gemv.multiprocessors();
+    const int64_t capacity = prefill.gemv.partial_capacity();
+    for (const DeviceLayer& w : layers) {
+      for (const DeviceLinear* lin : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+        if (!lin->gptq || lin->quantized.view().bits != 4) return false;
+      }
+      const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), nullptr},
+                                           {&w.k_proj.quantized.view(), nullptr},
+                                           {&w.v_proj.quantized.view(), nullptr}};
+      const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), nullptr},
+                                               {&w.up_proj.quantized.view(), nullptr}};
+      const cuda::GemvGroupMember o[] = {{&w.o_proj.quantized.view(), nullptr}};
+      const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), nullptr}};
+      for (std::span<const cuda::GemvGroupMember> members : {std::span<const cuda::GemvGroupMember>(qkv),
+                                                              std::span<const cuda::GemvGroupMember>(gate_up),
+                                                              std::span<const cuda::GemvGroupMember>(o),
+                                                              std::span<const cuda::GemvGroupMember>(down)}) {
+        if (!cuda::plan_gemv_gptq_batch(members, cuda::kMaxGemvTokens, sms, capacity).ok()) return false;
+      }
+    }
+    return true;
+  }
+
   // Everything up to the final RMSNorm (into `normed`), for the token and position in step_input.
   Status enqueue_step() {
     if (fused) return enqueue_fused_step();
@@ -384,13 +415,18 @@ struct CudaModel::State {
     if (w.gptq && w.f16.data && cuda::auto_gemm_algorithm(w.quantized.view(), n) == cuda::GemmAlgorithm::kDequantCublas) {
       return cuda::gemm_dense(w.f16, in, n, out, prefill.gemm, stream.get());
     }
-    if (w.gptq) return cuda::gemm_gptq(w.quantized.view(), in, n, out, prefill.gemm, stream.get());
+    cuda::GemmOptions gemm;
+    gemm.overlap_previous = overlap;
+    if (w.gptq) return cuda::gemm_gptq(w.quantized.view(), in, n, out, prefill.gemm, stream.get(), gemm);
     return cuda::gemm_dense(w.dense, in, n, out, prefill.gemm, stream.get());
   }
 
   // The prompt processor's layers for n tokens (ids already in prefill.tokens) at positions start ..
   // start + n - 1, up to the final RMSNorm into prefill.normed. The order of enqueue_step, with every
-  // activation n rows tall and the linears as GEMMs.
+  // activation n rows tall and the linears as GEMMs, or for short chunks (batch_prefill) q/k/v and o as batch
+  // GEMVs. Where the decode step overlaps its kernels (`overlap`), so do these: every kernel launched to
+  // overlap its predecessor waits for it before touching memory; the short attention kernel, which reads the
+  // KV rows the kernel before it wrote, is launched without.
   Status enqueue_prefill(int64_t start, int64_t n) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -401,18 +437,31 @@ struct CudaModel::State {
     float* x_rows = p.x.as<float>();
     float* normed_rows = p.normed.as<float>();
     float* proj_rows = p.proj.as<float>();
+    // Short chunks: the linears through the batch GEMV, each launch overlapping the kernel before it as in the
+    // decode step (every kernel it follows completes before it reads an activation: gemv_gptq.h).
+    const bool batch = p.batch && n <= cuda::kMaxGemvTokens;
+    cuda::GemvOptions gemv;
+    gemv.overlap_previous = overlap;
+    gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
     PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, p.tokens.as<int32_t>(), n, x_rows, s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DeviceLayer& w = layers[l];
       uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
       uint16_t* layer_values = values.as<uint16_t>() + l * kv_layer_elements();
       PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, l == 0 ? nullptr : proj_rows, n, c.hidden_size, w.input_norm.weight, eps,
-                                            normed_rows, s));
-      PETREL_RETURN_IF_ERROR(prefill_linear(w.q_proj, normed_rows, n, p.q.as<float>()));
-      PETREL_RETURN_IF_ERROR(prefill_linear(w.k_proj, normed_rows, n, p.k.as<float>()));
-      PETREL_RETURN_IF_ERROR(prefill_linear(w.v_proj, normed_rows, n, p.v.as<float>()));
+                                            normed_rows, s, overlap && l > 0));
+      if (batch) {
+        const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), p.q.as<float>()},
+                                             {&w.k_proj.quantized.view(), p.k.as<float>()},
+                                             {&w.v_proj.quantized.view(), p.v.as<float>()}};
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(qkv, normed_rows, n, p.gemv, s, gemv));
+      } else {
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.q_proj, normed_rows, n, p.q.as<float>()));
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.k_proj, normed_rows, n, p.k.as<float>()));
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.v_proj, normed_rows, n, p.v.as<float>()));
+      }
       PETREL_RETURN_IF_ERROR(cuda::rope_store_kv_rows(p.q.as<float>(), p.k.as<float>(), p.v.as<float>(), n, start, rope,
-                                                      inv_freq.as<float>(), layer_keys, layer_values, s));
+                                                      inv_freq.as<float>(), layer_keys, layer_values, s, overlap));
       if (cuda::prefill_attention_short_preferred(start, n)) {  // a short prompt: one launch, no cuBLAS
         PETREL_RETURN_IF_ERROR(cuda::prefill_attention_short(p.q.as<float>(), layer_keys, layer_values, start, n, attention,
                                                              p.attn.as<float>(), s));
@@ -422,14 +471,32 @@ struct CudaModel::State {
                                                        static_cast<int64_t>(p.attention_workspace.size()),
                                                        p.attn.as<float>(), s));
       }
-      PETREL_RETURN_IF_ERROR(prefill_linear(w.o_proj, p.attn.as<float>(), n, proj_rows));
-      PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, w.post_attn_norm.weight, eps, normed_rows, s));
-      PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));
-      PETREL_RETURN_IF_ERROR(prefill_linear(w.up_proj, normed_rows, n, p.up.as<float>()));
-      PETREL_RETURN_IF_ERROR(cuda::silu_mul(p.gate.as<float>(), p.up.as<float>(), n * c.intermediate_size, p.gate.as<float>(), s));
-      PETREL_RETURN_IF_ERROR(prefill_linear(w.down_proj, p.gate.as<float>(), n, proj_rows));
+      if (batch) {
+        const cuda::GemvGroupMember o[] = {{&w.o_proj.quantized.view(), proj_rows}};
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(o, p.attn.as<float>(), n, p.gemv, s, gemv));
+      } else {
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.o_proj, p.attn.as<float>(), n, proj_rows));
+      }
+      PETREL_RETURN_IF_ERROR(
+          cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, w.post_attn_norm.weight, eps, normed_rows, s, overlap));
+      if (batch && options.batch_prefill_mlp) {
+        const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), p.gate.as<float>()},
+                                                 {&w.up_proj.quantized.view(), p.up.as<float>()}};
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(gate_up, normed_rows, n, p.gemv, s, gemv));
+        const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), proj_rows}};
+        cuda::GemvFusion silu;
+        silu.input = cuda::GemvInput::kSiluMul;
+        silu.up = p.up.as<float>();
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(down, p.gate.as<float>(), n, p.gemv, s, gemv, silu));
+      } else {
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.up_proj, normed_rows, n, p.up.as<float>()));
+        PETREL_RETURN_IF_ERROR(
+            cuda::silu_mul(p.gate.as<float>(), p.up.as<float>(), n * c.intermediate_size, p.gate.as<float>(), s, overlap));
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.down_proj, p.gate.as<float>(), n, proj_rows));
+      }
     }
-    return cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, final_norm.weight, eps, normed_rows, s);
+    return cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, final_norm.weight, eps, normed_rows, s, overlap);
   }
 
   // The most tokens of one chunk starting at `start` whose attention fits the workspace.
@@ -651,6 +718,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     State::Prefill& p = s.prefill;
     p.chunk = std::min(options.prefill_chunk, s.options.context_length);
     PETREL_ASSIGN_OR_RETURN(p.gemm, cuda::GemmWorkspace::create(kGemmScratchBytes));
+    PETREL_ASSIGN_OR_RETURN(p.gemv, cuda::GemvWorkspace::create(kPrefillGemvPartials));
+    p.batch = options.batch_prefill && s.batch_prefill_applies();
     PETREL_ASSIGN_OR_RETURN(p.tokens, cuda::DeviceBuffer::allocate(static_cast<size_t>(p.chunk) * 4));
     PETREL_ASSIGN_OR_RETURN(p.x, floats(p.chunk * c.hidden_size));
     PETREL_ASSIGN_OR_RETURN(p.normed, floats(p.chunk * c.hidden_size));

@@ -86,9 +86,9 @@ PinnedBuffer::~PinnedBuffer() = default;
 PinnedBuffer::PinnedBuffer(PinnedBuffer&&) noexcept {}
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
 
-Status rms_norm(float*, const float*, int64_t, int64_t, const DeviceVector&, float, float*, Stream) { return not_built(); }
+Status rms_norm(float*, const float*, int64_t, int64_t, const DeviceVector&, float, float*, Stream, bool) { return not_built(); }
 Status embedding_lookup(const DeviceDenseMatrix&, const int32_t*, int64_t, float*, Stream) { return not_built(); }
-Status silu_mul(const float*, const float*, int64_t, float*, Stream) { return not_built(); }
+Status silu_mul(const float*, const float*, int64_t, float*, Stream, bool) { return not_built(); }
 Status add_in_place(float*, const float*, int64_t, Stream) { return not_built(); }
 Status gemv_dense(const DeviceDenseMatrix&, const float*, float*, Stream) { return not_built(); }
 Status rope_store_kv(float*, const float*, const float*, const RopeShape&, const float*, const int32_t*, uint16_t*,
@@ -96,7 +96,7 @@ Status rope_store_kv(float*, const float*, const float*, const RopeShape&, const
   return not_built();
 }
 Status rope_store_kv_rows(float*, const float*, const float*, int64_t, int64_t, const RopeShape&, const float*,
-                          uint16_t*, uint16_t*, Stream) {
+                          uint16_t*, uint16_t*, Stream, bool) {
   return not_built();
 }
 int64_t prefill_attention_workspace_bytes(const PrefillAttentionShape&, int64_t, int64_t) { return 0; }

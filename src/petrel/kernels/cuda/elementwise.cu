@@ -8,6 +8,7 @@
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
 #include "petrel/kernels/cuda/elementwise.h"
+#include "petrel/kernels/cuda/programmatic_launch.cuh"
 
 namespace petrel::cuda {
 
@@ -26,6 +27,8 @@ __global__ void embedding_kernel(const void* table, WeightType type, int64_t row
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
+  wait_for_previous_kernel();
   const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
   if (i >= n) return;
   const float g = gate[i];
@@ -52,11 +55,12 @@ Status embedding_lookup(const DeviceDenseMatrix& table, const int32_t* tokens, i
   return cuda_status(cudaGetLastError(), "embedding_lookup launch");
 }
 
-Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream) {
+Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream, bool overlap_previous) {
   if (n <= 0) return invalid_argument("cuda::silu_mul: " + std::to_string(n) + " elements");
   if (!gate || !up || !out) return invalid_argument("cuda::silu_mul: null device pointer");
-  silu_mul_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
-  return cuda_status(cudaGetLastError(), "silu_mul launch");
+  return cuda_status(launch_kernel(silu_mul_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, overlap_previous,
+                                   gate, up, n, out),
+                     "silu_mul launch");
 }
 
 Status add_in_place(float* x, const float* y, int64_t n, Stream stream) {

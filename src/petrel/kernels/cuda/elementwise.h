@@ -25,7 +25,9 @@ Status embedding_lookup(const DeviceDenseMatrix& table, const int32_t* tokens, i
                         Stream stream = nullptr);
 
 // out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)), as ref::silu_mul. out may alias gate or up.
-Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream = nullptr);
+// overlap_previous: as rms_norm's (norm.h).
+Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream = nullptr,
+                bool overlap_previous = false);
 
 // x[i] += y[i], as ref::add_in_place.
 Status add_in_place(float* x, const float* y, int64_t n, Stream stream = nullptr);

@@ -78,6 +78,9 @@ struct GemmOptions {
   int warps = 0;       // warps per block, 32 output rows each: 4 or 8
   int k_splits = 0;    // blocks along the input dimension (split-K)
   int stages = 0;      // chunks in the shared-memory pipeline: 2 or 3
+  // The fused kernel's launches (x staging, product) overlap the kernel before each on the stream (programmatic
+  // dependent launch; each waits for it before it reads or writes anything). The dequant + cuBLAS path ignores it.
+  bool overlap_previous = false;
 };
 
 // How gemm_gptq cuts one product (exposed for the tests and the benchmark).

@@ -87,6 +87,7 @@
 #include "petrel/kernels/cuda/async_copy.cuh"
 #include "petrel/kernels/cuda/gemm.h"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
+#include "petrel/kernels/cuda/programmatic_launch.cuh"
 
 namespace petrel::cuda {
 
@@ -120,6 +121,8 @@ __device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
 template <int kBits>
 __global__ void __launch_bounds__(256) stage_x_fragments(const float* x, int64_t m, int64_t cols, int64_t words,
                                                          int64_t words_padded, void* out) {
+  allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
+  wait_for_previous_kernel();
   const int64_t total = m * words_padded;
   const float4* x4 = reinterpret_cast<const float4*>(x);
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
@@ -179,6 +182,8 @@ __device__ __forceinline__ void load_raw_params(const FusedArgs& a, int64_t grou
 // x and weights in flight through shared memory.
 template <int kBits, int kTiles, int kWarps, int kStages, bool kGrouped>
 __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const FusedArgs a) {
+  allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
+  wait_for_previous_kernel();
   constexpr int kThreads = kWarps * 32;
   constexpr int kTokens = 8 * kTiles;
   constexpr int kRows = 32 * kWarps;
@@ -470,7 +475,7 @@ std::string describe(const DeviceGptqMatrix& w, int64_t m) {
 }
 
 template <int kBits, int kTiles, int kWarps, int kStages, bool kGrouped>
-Status launch_fused(const FusedArgs& args, int64_t token_tiles, const GemmPlan& plan, Stream stream) {
+Status launch_fused(const FusedArgs& args, int64_t token_tiles, const GemmPlan& plan, Stream stream, bool overlap) {
   auto kernel = gemm_gptq_tensor_core<kBits, kTiles, kWarps, kStages, kGrouped>;
   constexpr int kShared = kStages * kStageBytesOf<kBits, kTiles, kWarps>;
   // The opt-in beyond 48 KB of shared memory, once per kernel and device (a host call of a few microseconds
@@ -489,33 +494,32 @@ Status launch_fused(const FusedArgs& args, int64_t token_tiles, const GemmPlan& 
   }
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(plan.row_blocks),
                   static_cast<unsigned>(plan.k_splits));
-  kernel<<<grid, kWarps * 32, kShared, stream>>>(args);
-  return ok_status();
+  return cuda_status(launch_kernel(kernel, grid, dim3(kWarps * 32), kShared, stream, overlap, args), "gemm_gptq launch");
 }
 
 template <int kBits, int kWarps, int kStages, bool kGrouped>
-Status dispatch_tiles(const FusedArgs& args, int64_t token_tiles, const GemmPlan& plan, Stream stream) {
+Status dispatch_tiles(const FusedArgs& args, int64_t token_tiles, const GemmPlan& plan, Stream stream, bool overlap) {
   switch (plan.token_tile) {
-    case 8: return launch_fused<kBits, 1, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream);
-    case 16: return launch_fused<kBits, 2, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream);
-    case 32: return launch_fused<kBits, 4, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream);
-    case 64: return launch_fused<kBits, 8, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream);
+    case 8: return launch_fused<kBits, 1, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream, overlap);
+    case 16: return launch_fused<kBits, 2, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream, overlap);
+    case 32: return launch_fused<kBits, 4, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream, overlap);
+    case 64: return launch_fused<kBits, 8, kWarps, kStages, kGrouped>(args, token_tiles, plan, stream, overlap);
   }
   return internal_error("gemm_gptq: no kernel for a tile of " + std::to_string(plan.token_tile) + " tokens");
 }
 
 template <int kBits, bool kGrouped>
-Status dispatch_fused(const FusedArgs& args, int64_t token_tiles, const GemmPlan& plan, Stream stream) {
-  if (plan.warps == 4 && plan.stages == 2) return dispatch_tiles<kBits, 4, 2, kGrouped>(args, token_tiles, plan, stream);
-  if (plan.warps == 4 && plan.stages == 3) return dispatch_tiles<kBits, 4, 3, kGrouped>(args, token_tiles, plan, stream);
-  if (plan.warps == 8 && plan.stages == 2) return dispatch_tiles<kBits, 8, 2, kGrouped>(args, token_tiles, plan, stream);
-  if (plan.warps == 8 && plan.stages == 3) return dispatch_tiles<kBits, 8, 3, kGrouped>(args, token_tiles, plan, stream);
+Status dispatch_fused(const FusedArgs& args, int64_t token_tiles, const GemmPlan& plan, Stream stream, bool overlap) {
+  if (plan.warps == 4 && plan.stages == 2) return dispatch_tiles<kBits, 4, 2, kGrouped>(args, token_tiles, plan, stream, overlap);
+  if (plan.warps == 4 && plan.stages == 3) return dispatch_tiles<kBits, 4, 3, kGrouped>(args, token_tiles, plan, stream, overlap);
+  if (plan.warps == 8 && plan.stages == 2) return dispatch_tiles<kBits, 8, 2, kGrouped>(args, token_tiles, plan, stream, overlap);
+  if (plan.warps == 8 && plan.stages == 3) return dispatch_tiles<kBits, 8, 3, kGrouped>(args, token_tiles, plan, stream, overlap);
   return internal_error("gemm_gptq: no kernel for " + std::to_string(plan.warps) + " warps and " +
                         std::to_string(plan.stages) + " stages");
 }
 
 Status run_tensor_core(const DeviceGptqMatrix& w, const float* x, int64_t m, float* y, GemmWorkspace& workspace,
-                       const GemmPlan& plan, Stream stream) {
+                       const GemmPlan& plan, Stream stream, bool overlap) {
   const int64_t words = w.cols * w.bits / 32;
   const int64_t steps = (words + kWordsPerStep - 1) / kWordsPerStep;
   const int64_t chunk_words = int64_t{kChunkSteps} * kWordsPerStep;
@@ -542,19 +546,18 @@ Status run_tensor_core(const DeviceGptqMatrix& w, const float* x, int64_t m, flo
   for (int64_t m0 = 0; m0 < m; m0 += plan.m_chunk) {
     const int64_t n = std::min(plan.m_chunk, m - m0);
     const unsigned blocks = grid_for(n * words_padded, 256, workspace.multiprocessors());
-    if (w.bits == 4) {
-      stage_x_fragments<4><<<blocks, 256, 0, stream>>>(x + m0 * w.cols, n, w.cols, words, words_padded, scratch);
-    } else {
-      stage_x_fragments<8><<<blocks, 256, 0, stream>>>(x + m0 * w.cols, n, w.cols, words, words_padded, scratch);
-    }
+    const cudaError_t staged =
+        launch_kernel(w.bits == 4 ? stage_x_fragments<4> : stage_x_fragments<8>, dim3(blocks), dim3(256), 0, stream,
+                      overlap, x + m0 * w.cols, n, w.cols, words, words_padded, static_cast<void*>(scratch));
+    if (staged != cudaSuccess) return cuda_status(staged, "gemm_gptq: staging x, " + describe(w, m));
     args.y = y + m0 * w.rows;
     args.m = n;
     const int64_t token_tiles = (n + plan.token_tile - 1) / plan.token_tile;
     Status launched;
-    if (w.bits == 4 && grouped) launched = dispatch_fused<4, true>(args, token_tiles, plan, stream);
-    else if (w.bits == 4) launched = dispatch_fused<4, false>(args, token_tiles, plan, stream);
-    else if (grouped) launched = dispatch_fused<8, true>(args, token_tiles, plan, stream);
-    else launched = dispatch_fused<8, false>(args, token_tiles, plan, stream);
+    if (w.bits == 4 && grouped) launched = dispatch_fused<4, true>(args, token_tiles, plan, stream, overlap);
+    else if (w.bits == 4) launched = dispatch_fused<4, false>(args, token_tiles, plan, stream, overlap);
+    else if (grouped) launched = dispatch_fused<8, true>(args, token_tiles, plan, stream, overlap);
+    else launched = dispatch_fused<8, false>(args, token_tiles, plan, stream, overlap);
     PETREL_RETURN_IF_ERROR(launched);
     const cudaError_t error = cudaGetLastError();
     if (error != cudaSuccess) return cuda_status(error, "gemm_gptq (tensor core) launch, " + describe(w, m));
@@ -626,7 +629,9 @@ Status gemm_gptq(const DeviceGptqMatrix& w, const float* x, int64_t m, float* y,
   if (plan.row_blocks > 65535 || (w.rows + kDequantRows - 1) / kDequantRows > 65535 || w.cols > 0x7FFFFFFF) {
     return unsupported("gemm_gptq: " + describe(w, m) + " exceeds the launch's grid or cuBLAS's int dimensions");
   }
-  if (plan.algorithm == GemmAlgorithm::kTensorCore) return run_tensor_core(w, x, m, y, workspace, plan, stream);
+  if (plan.algorithm == GemmAlgorithm::kTensorCore) {
+    return run_tensor_core(w, x, m, y, workspace, plan, stream, options.overlap_previous);
+  }
   return run_dequant_cublas(w, x, m, y, workspace, plan, stream);
 }
 

@@ -78,6 +78,7 @@ Result<GemvPlan> plan_row_blocks(const DeviceGptqMatrix& w, int64_t row_blocks, 
   plan.steps_per_split = (steps + splits - 1) / splits;
   plan.k_splits = static_cast<int>((steps + plan.steps_per_split - 1) / plan.steps_per_split);
   plan.shared_bytes = plan.steps_per_split * step_bytes;
+  plan.row_tiles_total = row_blocks;
   if (plan.k_splits > 1 && padded_rows * plan.k_splits > partial_capacity) {
     return out_of_range("gemv_gptq: " + what + " in " + std::to_string(plan.k_splits) + " input slices needs " +
                         std::to_string(padded_rows * plan.k_splits) + " partial sums, the workspace holds " +
@@ -95,25 +96,108 @@ Result<GemvPlan> plan_gemv_gptq(const DeviceGptqMatrix& w, int multiprocessors, 
   return plan_row_blocks(w, row_blocks, multiprocessors, partial_capacity, options, shape_string(w));
 }
 
-Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members, int multiprocessors,
-                                        int64_t partial_capacity, const GemvOptions& options) {
+namespace {
+
+// Members that may share a launch; their row tiles together, and a description for errors.
+Status check_members(std::span<const GemvGroupMember> members, const char* function, int64_t& row_tiles,
+                     std::string& what) {
   if (members.empty() || members.size() > static_cast<size_t>(kMaxGemvGroupMembers)) {
-    return invalid_argument("gemv_gptq_grouped: " + std::to_string(members.size()) + " matrices (1 to " +
+    return invalid_argument(std::string(function) + ": " + std::to_string(members.size()) + " matrices (1 to " +
                             std::to_string(kMaxGemvGroupMembers) + ")");
   }
-  int64_t row_blocks = 0;
-  std::string what;
+  row_tiles = 0;
+  what.clear();
   for (const GemvGroupMember& m : members) {
-    if (!m.w) return invalid_argument("gemv_gptq_grouped: a member without a matrix");
+    if (!m.w) return invalid_argument(std::string(function) + ": a member without a matrix");
     PETREL_RETURN_IF_ERROR(gemv_gptq_supports(*m.w));
     const DeviceGptqMatrix& first = *members[0].w;
     if (m.w->bits != first.bits || m.w->cols != first.cols || m.w->group_size != first.group_size) {
-      return invalid_argument("gemv_gptq_grouped: " + shape_string(*m.w) + " cannot share a launch with " +
+      return invalid_argument(std::string(function) + ": " + shape_string(*m.w) + " cannot share a launch with " +
                               shape_string(first) + " (bits, cols and group size must agree)");
     }
-    row_blocks += (m.w->rows + GemvPlan::kRowsPerBlock - 1) / GemvPlan::kRowsPerBlock;
+    row_tiles += (m.w->rows + GemvPlan::kRowsPerBlock - 1) / GemvPlan::kRowsPerBlock;
     what += (what.empty() ? "" : " + ") + shape_string(*m.w);
   }
+  return ok_status();
+}
+
+// Batch plans (gemv_gptq.cu's batch kernels). The kernels hold 16 float32 sums per n-tile and thread, and the
+// staging of x keeps 64 registers of loads in flight (151 to 165 registers for 1 or 2 n-tiles, 168 for 3,
+// 200 for 4; sm_90, 2026-12-03), so 3 blocks of 128 threads fit an SM up to 24 tokens and 2 beyond.
+int batch_blocks_per_sm(int64_t tokens) { return tokens <= 24 ? 3 : 2; }
+
+// Bytes per token of a batch kernel's staged slice of x (fp16 fragments, 16 bytes a packed word), rounded so
+// that consecutive tokens start 64 bytes apart modulo 128: the 8 lanes of one shared-memory phase (2 tokens x
+// 4 words) then hit 8 distinct 16-byte bank groups.
+int64_t batch_stride_bytes(int64_t slice_words) {
+  const int64_t bytes = slice_words * 16;
+  return bytes % 128 == 64 ? bytes : (bytes + 63) / 128 * 128 + 64;
+}
+
+}  // namespace
+
+Result<GemvPlan> plan_gemv_gptq_batch(std::span<const GemvGroupMember> members, int64_t tokens, int multiprocessors,
+                                      int64_t partial_capacity, const GemvOptions& options) {
+  int64_t tiles = 0;
+  std::string what;
+  PETREL_RETURN_IF_ERROR(check_members(members, "gemv_gptq_batch", tiles, what));
+  const DeviceGptqMatrix& w = *members[0].w;
+  if (tokens < 1 || tokens > kMaxGemvTokens) {
+    return invalid_argument("gemv_gptq_batch: " + std::to_string(tokens) + " tokens (1 to " +
+                            std::to_string(kMaxGemvTokens) + ")");
+  }
+  if (w.bits != 4) return unsupported("gemv_gptq_batch: " + what + ": only 4-bit weights");
+  if (options.algorithm != GemvAlgorithm::kTensorCore) return unsupported("gemv_gptq_batch: the tensor-core kernel only");
+  if (options.row_tiles < 0) return invalid_argument("gemv_gptq_batch: row_tiles must be >= 0");
+  const int64_t token_slots = (tokens + 7) / 8 * 8;
+  const int64_t words = w.cols / 8;
+  const int64_t steps = (words + kWordsPerStep - 1) / kWordsPerStep;
+  GemvPlan plan;
+  plan.row_tiles_total = tiles;
+  // Longer runs of rows per staged x save L2 reads of x (tokens * 4 bytes per input per block against 64
+  // bytes of weights per input per row tile) but leave fewer blocks to spread.
+  plan.row_tiles = options.row_tiles > 0 ? options.row_tiles : (tiles >= 64 ? 2 : 1);
+  plan.row_tiles = std::min(plan.row_tiles, tiles);
+  plan.row_blocks = (tiles + plan.row_tiles - 1) / plan.row_tiles;
+  auto shared_for = [&](int64_t steps_per_split) { return token_slots * batch_stride_bytes(steps_per_split * kWordsPerStep); };
+  int64_t splits = options.k_splits;
+  if (splits <= 0) {
+    // Up to two waves of blocks, and partial sums (written and read back: 8 bytes per token, row and split)
+    // no more bytes than the weights (half a byte per row and input). Measured on the H200 at 29 tokens
+    // (petrel_bench_gemm_cuda --max-m 32 --sweep, 2026-12-03), the fastest of 1 to 16 splits and 1, 2 or 4
+    // row tiles for Llama-3.1-8B's q/o (8 splits), k/v (8), down (16) and gate/up (4 splits of 2 row tiles).
+    const int64_t max_blocks = 2 * int64_t{std::max(multiprocessors, 1)} * batch_blocks_per_sm(tokens);
+    const int64_t max_splits = std::max<int64_t>(1, w.cols / (16 * tokens));
+    splits = 1;
+    while (2 * splits * plan.row_blocks <= max_blocks && 2 * splits <= max_splits) splits *= 2;
+    splits = std::min(splits, (steps + kMinStepsPerSplit - 1) / kMinStepsPerSplit);
+    const int64_t per_split = tiles * GemvPlan::kRowsPerBlock * tokens;
+    if (splits > 1) splits = std::min(splits, std::max<int64_t>(1, partial_capacity / per_split));
+  }
+  splits = std::clamp<int64_t>(splits, 1, steps);
+  while (splits < steps && shared_for((steps + splits - 1) / splits) > GemvPlan::kMaxBatchSharedBytes) ++splits;
+  plan.steps_per_split = (steps + splits - 1) / splits;
+  plan.k_splits = static_cast<int>((steps + plan.steps_per_split - 1) / plan.steps_per_split);
+  plan.x_stride_bytes = batch_stride_bytes(plan.steps_per_split * kWordsPerStep);
+  plan.shared_bytes = token_slots * plan.x_stride_bytes;
+  if (plan.shared_bytes > GemvPlan::kMaxBatchSharedBytes) {
+    return out_of_range("gemv_gptq_batch: " + what + ": a slice of x for " + std::to_string(tokens) +
+                        " tokens needs " + std::to_string(plan.shared_bytes) + " bytes of shared memory");
+  }
+  const int64_t partials = int64_t{plan.k_splits} * tiles * GemvPlan::kRowsPerBlock * tokens;
+  if (plan.k_splits > 1 && partials > partial_capacity) {
+    return out_of_range("gemv_gptq_batch: " + what + " in " + std::to_string(plan.k_splits) + " input slices for " +
+                        std::to_string(tokens) + " tokens needs " + std::to_string(partials) +
+                        " partial sums, the workspace holds " + std::to_string(partial_capacity));
+  }
+  return plan;
+}
+
+Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members, int multiprocessors,
+                                        int64_t partial_capacity, const GemvOptions& options) {
+  int64_t row_blocks = 0;
+  std::string what;
+  PETREL_RETURN_IF_ERROR(check_members(members, "gemv_gptq_grouped", row_blocks, what));
   return plan_row_blocks(*members[0].w, row_blocks, multiprocessors, partial_capacity, options, what);
 }
 

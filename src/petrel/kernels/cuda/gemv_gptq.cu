@@ -135,7 +135,8 @@ constexpr int kMaxParts = kMaxGemvGroupMembers;
 constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster Hopper schedules
 static_assert(kRowsPerBlock == 128 && kThreads == 128, "both kernels map 128 threads onto 128 rows");
 
-// One matrix of a launch: its tensors, its output, and the first block (blockIdx.x) of the grid that works on it.
+// One matrix of a launch: its tensors, its output, and its first row tile (of kRowsPerBlock rows) among the
+// launch's (the tile of block blockIdx.x is blockIdx.x, or blockIdx.x * row_tiles + r for the batch kernels).
 struct GemvPart {
   const int32_t* qweight;
   const uint16_t* scales;
@@ -143,7 +144,7 @@ struct GemvPart {
   float* y;
   int64_t rows;
   int zero_offset;
-  int first_block;
+  int first_tile;
 };
 
 struct GemvArgs {
@@ -155,8 +156,8 @@ struct GemvArgs {
   WeightType norm_type;
   float norm_eps;
   const float* residual;  // y = residual + W input when not null (one part)
-  float* partials;        // [k_splits, gridDim.x * kRowsPerBlock] when k_splits > 1
-  uint32_t* counters;     // [gridDim.x], zero between launches
+  float* partials;        // [k_splits, tokens, total_tiles * kRowsPerBlock] when k_splits > 1
+  uint32_t* counters;     // [total_tiles], zero between launches
   int64_t cols;
   int64_t words;        // packed words along the input: cols * bits / 32
   int64_t group_words;  // packed words per group
@@ -165,15 +166,19 @@ struct GemvArgs {
   int steps_per_split;
   int l2_prefetch_steps;
   int cluster_reduce;  // the k_splits blocks of a row range form a cluster (GemvOptions::cluster_reduce)
+  int64_t tokens;      // rows of x and y: 1, or up to 8 * kTiles for the batch kernels
+  int row_tiles;       // batch kernels: row tiles a block computes one after another
+  int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
+  int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
 };
 
-// The matrix block blockIdx.x works on. Unrolled over constant indices, so the parameter array is not copied
+// The matrix row tile `tile` belongs to. Unrolled over constant indices, so the parameter array is not copied
 // to local memory.
-__device__ __forceinline__ GemvPart block_part(const GemvArgs& a) {
+__device__ __forceinline__ GemvPart tile_part(const GemvArgs& a, int tile) {
   GemvPart part = a.parts[0];
 #pragma unroll
   for (int i = 1; i < kMaxParts; ++i) {
-    if (i < a.n_parts && static_cast<int>(blockIdx.x) >= a.parts[i].first_block) part = a.parts[i];
+    if (i < a.n_parts && tile >= a.parts[i].first_tile) part = a.parts[i];
   }
   return part;
 }
@@ -226,8 +231,8 @@ __device__ __forceinline__ RowGroupParams load_group_params(const GemvPart& m, i
 // Writes the 4 row sums a thread holds (rows row .. row + 3 of its matrix), or, with split-K, its partials,
 // and lets the last block of the row range reduce the slices (adding the residual where there is one). Every
 // thread of the block calls it.
-__device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m, int64_t block_row0, int64_t row,
-                                            float4 sums, bool writer) {
+__device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m, int tile, int64_t block_row0,
+                                            int64_t row, float4 sums, bool writer) {
   if (a.k_splits == 1) {
     if (writer) {
       if (a.residual) {
@@ -267,15 +272,15 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m
   }
 #endif
   __shared__ bool is_last_block;
-  const int64_t slice_stride = int64_t{gridDim.x} * kRowsPerBlock;  // partials of one input slice
-  const int64_t slot = int64_t{blockIdx.x} * kRowsPerBlock;         // this block's rows in a slice's partials
+  const int64_t slice_stride = int64_t{a.total_tiles} * kRowsPerBlock;  // partials of one input slice
+  const int64_t slot = int64_t{tile} * kRowsPerBlock;                   // this tile's rows in a slice's partials
   if (writer) __stcg(reinterpret_cast<float4*>(a.partials + blockIdx.y * slice_stride + slot + (row - block_row0)), sums);
   __threadfence();  // partials visible device-wide before this block is counted
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t arrived = atomicAdd(a.counters + blockIdx.x, 1u);
+    const uint32_t arrived = atomicAdd(a.counters + tile, 1u);
     is_last_block = arrived == static_cast<uint32_t>(a.k_splits - 1);
-    if (is_last_block) a.counters[blockIdx.x] = 0;  // every block of this launch has arrived: reset for the next
+    if (is_last_block) a.counters[tile] = 0;  // every block of this launch has arrived: reset for the next
   }
   __syncthreads();
   if (!is_last_block) return;
@@ -350,6 +355,12 @@ __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cach
   }
 }
 
+// SiLU(gate) * up, element-wise (elementwise.cu's numerics).
+__device__ __forceinline__ float4 silu_mul4(float4 v, float4 u) {
+  return make_float4(v.x / (1.0f + expf(-v.x)) * u.x, v.y / (1.0f + expf(-v.y)) * u.y,
+                     v.z / (1.0f + expf(-v.z)) * u.z, v.w / (1.0f + expf(-v.w)) * u.w);
+}
+
 // Elements 4 i .. 4 i + 3 of the product's input, the fused op applied (numerics as norm.cu / elementwise.cu).
 // x (and up) were written by the previous kernel: read through L2 (programmatic_launch.cuh).
 template <GemvInput kInput>
@@ -360,10 +371,7 @@ __device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, floa
                 w2 = load_widened(a.norm_weight, a.norm_type, 4 * i + 2), w3 = load_widened(a.norm_weight, a.norm_type, 4 * i + 3);
     return make_float4(w0 * (v.x * inv_rms), w1 * (v.y * inv_rms), w2 * (v.z * inv_rms), w3 * (v.w * inv_rms));
   } else if constexpr (kInput == GemvInput::kSiluMul) {
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(a.x) + i);
-    const float4 u = __ldcg(reinterpret_cast<const float4*>(a.up) + i);
-    return make_float4(v.x / (1.0f + expf(-v.x)) * u.x, v.y / (1.0f + expf(-v.y)) * u.y,
-                       v.z / (1.0f + expf(-v.z)) * u.z, v.w / (1.0f + expf(-v.w)) * u.w);
+    return silu_mul4(__ldcg(reinterpret_cast<const float4*>(a.x) + i), __ldcg(reinterpret_cast<const float4*>(a.up) + i));
   } else {
     return __ldcg(reinterpret_cast<const float4*>(a.x) + i);
   }
@@ -372,56 +380,161 @@ __device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, floa
 // Steps of weights whose loads are issued together; two such batches are in flight (ping-pong registers).
 constexpr int kBatch = 4;
 
-template <int kBits, GemvInput kInput>
+// What one thread works on in one row tile (kRowsPerBlock rows of one part).
+struct TileView {
+  GemvPart m;
+  int64_t row0;  // the tile's first row in its part
+  int64_t row;   // this thread's first of 4 rows
+  bool row_ok;
+  const int32_t* weights;  // this thread's word of the slice's first step
+};
+
+__device__ __forceinline__ TileView tile_view(const GemvArgs& a, int tile, int64_t first_word, int warp, int quad_row,
+                                              int quad_col) {
+  TileView v;
+  v.m = tile_part(a, tile);
+  v.row0 = int64_t{tile - v.m.first_tile} * kRowsPerBlock;
+  v.row = v.row0 + warp * 32 + 4 * quad_row;
+  v.row_ok = v.row < v.m.rows;
+  v.weights = v.m.qweight + (first_word + quad_col) * v.m.rows + v.row;
+  return v;
+}
+
+// The batch kernels' end of a row tile: thread (quad_row, quad_col) holds, per n-tile t, tokens
+// 8 t + 2 quad_col + (0, 1) of its 4 rows (total[t][2 r + e]: row r, token e). Without split-K they go to y
+// (plus the residual); with it, to the partials, and the last block of the tile to arrive adds the slices in
+// a fixed order, as finish_rows does.
+template <int kTiles>
+__device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView& v, int tile, int quad_col,
+                                              const float (&total)[kTiles][8]) {
+  const int64_t slice_stride = int64_t{a.total_tiles} * kRowsPerBlock;  // floats per token and slice
+  const int64_t slot = int64_t{tile} * kRowsPerBlock + (v.row - v.row0);
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t j = 8 * t + 2 * quad_col + e;
+      if (!v.row_ok || j >= a.tokens) continue;
+      float4 sums = make_float4(total[t][e], total[t][2 + e], total[t][4 + e], total[t][6 + e]);
+      if (a.k_splits == 1) {
+        if (a.residual) {
+          const float4 r = __ldcg(reinterpret_cast<const float4*>(a.residual + j * v.m.rows + v.row));
+          sums = make_float4(r.x + sums.x, r.y + sums.y, r.z + sums.z, r.w + sums.w);
+        }
+        *reinterpret_cast<float4*>(v.m.y + j * v.m.rows + v.row) = sums;
+      } else {
+        __stcg(reinterpret_cast<float4*>(a.partials + (blockIdx.y * a.tokens + j) * slice_stride + slot), sums);
+      }
+    }
+  }
+  if (a.k_splits == 1) return;
+  __shared__ bool is_last_block;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(a.counters + tile, 1u);
+    is_last_block = arrived == static_cast<uint32_t>(a.k_splits - 1);
+    if (is_last_block) a.counters[tile] = 0;
+  }
+  __syncthreads();
+  if (!is_last_block) return;
+  __threadfence();
+  // Thread (c = threadIdx.x % 32) adds float4 column c (rows 4 c .. 4 c + 3 of the tile) of tokens
+  // threadIdx.x / 32 + 4 k, each slice's loads for all its tokens in flight together, slices in a fixed order.
+  constexpr int kItems = 2 * kTiles;  // 8 kTiles token rows over 4 groups of 32 threads
+  const int c = threadIdx.x % 32, j0 = threadIdx.x / 32;
+  const float4* column = reinterpret_cast<const float4*>(a.partials + int64_t{tile} * kRowsPerBlock) + c;
+  const int64_t token_stride4 = slice_stride / 4;  // float4 between consecutive (slice, token) rows
+  float4 sums[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) sums[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 2
+  for (int s = 0; s < a.k_splits; ++s) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = j0 + 4 * k;
+      if (j < a.tokens) {
+        const float4 p = __ldcg(column + (s * a.tokens + j) * token_stride4);
+        sums[k] = make_float4(sums[k].x + p.x, sums[k].y + p.y, sums[k].z + p.z, sums[k].w + p.w);
+      }
+    }
+  }
+  const int64_t r = v.row0 + 4 * c;
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t j = j0 + 4 * k;
+    if (j >= a.tokens || r >= v.m.rows) continue;  // rows % 4 == 0: the 4 rows exist together
+    float4 out = sums[k];
+    if (a.residual) {
+      const float4 res = __ldcg(reinterpret_cast<const float4*>(a.residual + j * v.m.rows + r));
+      out = make_float4(res.x + out.x, res.y + out.y, res.z + out.z, res.w + out.w);
+    }
+    *reinterpret_cast<float4*>(v.m.y + j * v.m.rows + r) = out;
+  }
+}
+
+// kTiles == 0: the token generator's kernel, one vector x broadcast to all 8 columns of the mma's B operand.
+// kTiles 1 to 4 (the batch kernels, 4-bit, plain or SiLU*up input): 8 kTiles token rows of x, token 8 t + n in
+// column n of n-tile t, each step's dequantized weights multiplied with every n-tile; a block computes
+// a.row_tiles row tiles one after another with the same staged x (gemv_gptq_batch in gemv_gptq.h says why).
+template <int kBits, GemvInput kInput, int kTiles>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
+  constexpr bool kBatched = kTiles > 0;
+  constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
+  constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
+  static_assert(!kBatched || (kBits == 4 && kInput != GemvInput::kRmsNorm && kTiles <= 4),
+                "batch kernels: 4-bit weights, plain or SiLU*up input, up to 32 tokens");
   allow_dependent_launch();
-  const GemvPart m = block_part(a);
-  const int64_t block_row0 = int64_t{static_cast<int>(blockIdx.x) - m.first_block} * kRowsPerBlock;
+  const int row_tiles = kBatched ? a.row_tiles : 1;
+  const int first_tile = static_cast<int>(blockIdx.x) * row_tiles;
   const Slice slice = block_slice(a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int64_t row = block_row0 + warp * 32 + 4 * quad_row;  // this thread's 4 rows
-  const bool row_ok = row < m.rows;
+  TileView v = tile_view(a, first_tile, slice.first_word, warp, quad_row, quad_col);
   // Steps in which this thread's word exists (the matrix's last step may have fewer than 4 words).
   const int64_t thread_words = a.words - slice.first_word - quad_col;
   const int thread_steps = static_cast<int>(
       min(int64_t{slice.steps}, thread_words > 0 ? (thread_words + kWordsPerStep - 1) / kWordsPerStep : 0));
-  const int32_t* weights = m.qweight + (slice.first_word + quad_col) * m.rows + row;
-  const int64_t step_stride = kWordsPerStep * m.rows;
-  auto load_batch = [&](uint4 (&batch)[kBatch], int first) {
-    if (row_ok && first + kBatch <= thread_steps) {  // the common case: no per-load predicate
+  auto load_batch = [&](const TileView& tv, uint4 (&batch)[kBatch], int first) {
+    const int64_t step_stride = kWordsPerStep * tv.m.rows;
+    if (tv.row_ok && first + kBatch <= thread_steps) {  // the common case: no per-load predicate
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) batch[u] = load_streaming(weights + (first + u) * step_stride);
+      for (int u = 0; u < kBatch; ++u) batch[u] = load_streaming(tv.weights + (first + u) * step_stride);
       return;
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int s = first + u;
-      batch[u] = row_ok && s < thread_steps ? load_streaming(weights + s * step_stride) : make_uint4(0, 0, 0, 0);
+      batch[u] = tv.row_ok && s < thread_steps ? load_streaming(tv.weights + s * step_stride) : make_uint4(0, 0, 0, 0);
     }
   };
   // The first two batches go out before anything else: they depend on nothing, not even the previous kernel.
   uint4 ping[kBatch], pong[kBatch];
-  load_batch(ping, 0);
-  load_batch(pong, kBatch);
+  load_batch(v, ping, 0);
+  load_batch(v, pong, kBatch);
 
   // This group's scales and zeros, and the next group's, loaded while this one is computed.
   const int64_t first_step = slice.first_word / kWordsPerStep;
-  int64_t group = first_step / a.group_steps;  // group_steps > 0
-  int steps_to_group = static_cast<int>(a.group_steps - first_step % a.group_steps);  // to the next group start
+  int64_t group = 0;
+  int steps_to_group = 0;
   uint2 raw_scales, next_scales;
   uint32_t raw_zeros, next_zeros;
-  load_raw_params<kBits>(m, group, row, row_ok, raw_scales, raw_zeros);
-  load_raw_params<kBits>(m, group + 1, row, row_ok && steps_to_group < slice.steps, next_scales, next_zeros);
+  auto start_tile_params = [&](const TileView& tv) {
+    group = first_step / a.group_steps;  // group_steps > 0
+    steps_to_group = static_cast<int>(a.group_steps - first_step % a.group_steps);  // to the next group start
+    load_raw_params<kBits>(tv.m, group, tv.row, tv.row_ok, raw_scales, raw_zeros);
+    load_raw_params<kBits>(tv.m, group + 1, tv.row, tv.row_ok && steps_to_group < slice.steps, next_scales, next_zeros);
+  };
+  start_tile_params(v);
 
   // The rest of the block's first l2_prefetch_steps steps into L2: one 128-row line run (512 bytes at 4 bytes
   // a row) per packed word.
   {
     const int prefetch_words = min(slice.steps, a.l2_prefetch_steps) * kWordsPerStep;
-    const uint32_t run_bytes = static_cast<uint32_t>(min(int64_t{kRowsPerBlock}, m.rows - block_row0)) * 4;
+    const uint32_t run_bytes = static_cast<uint32_t>(min(int64_t{kRowsPerBlock}, v.m.rows - v.row0)) * 4;
     for (int i = 2 * kBatch * kWordsPerStep + threadIdx.x; i < prefetch_words; i += kThreads) {
       const int64_t word = slice.first_word + i;
-      if (word < a.words) prefetch_l2(m.qweight + word * m.rows + block_row0, run_bytes);
+      if (word < a.words) prefetch_l2(v.m.qweight + word * v.m.rows + v.row0, run_bytes);
     }
   }
 
@@ -435,53 +548,123 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   const float inv_rms = input_inv_rms<kInput>(a, x_cache);
 
   // x of this slice in fp16, per word in fragment order: 4-bit {x0,x4},{x1,x5},{x2,x6},{x3,x7}; 8-bit
-  // {x0,x2},{x1,x3}. Zero past the last word, where the weights read as zero codes (code - zero != 0).
+  // {x0,x2},{x1,x3}. Zero past the last word, where the weights read as zero codes (code - zero != 0), and
+  // for the batch kernels' token rows past a.tokens.
   constexpr int kRegsPerWord = kBits == 4 ? 4 : 2;
   extern __shared__ uint4 shared_words[];
   uint32_t* x_staged = reinterpret_cast<uint32_t*>(shared_words);
-  for (int i = threadIdx.x; i < slice.steps * kWordsPerStep; i += kThreads) {
-    const int64_t word = slice.first_word + i;
-    if constexpr (kBits == 4) {
-      uint4 frag = make_uint4(0, 0, 0, 0);
-      if (word < a.words) {
-        const float4 lo = load_input4<kInput>(a, 2 * word, inv_rms, x_cache),
-                    hi = load_input4<kInput>(a, 2 * word + 1, inv_rms, x_cache);
-        frag = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z),
-                          pack_half2(lo.w, hi.w));
+  if constexpr (kBatched) {
+    // Up to 32 token rows: each thread's loads for kStageUnroll fragments go out together (one at a time, the
+    // L2 latency of each would be paid in turn, tens of microseconds for a large slice).
+    constexpr int kStageUnroll = kInput == GemvInput::kSiluMul ? 4 : 8;  // 64 registers of loads either way
+    const int slice_words = slice.steps * kWordsPerStep;
+    const int n = 8 * kTiles * slice_words;
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    const float4* up4 = reinterpret_cast<const float4*>(a.up);
+    const int64_t token_vectors = a.cols / 4;  // float4 per token row of x
+    for (int base = threadIdx.x; base < n; base += kThreads * kStageUnroll) {
+      float4 lo[kStageUnroll], hi[kStageUnroll], up_lo[kStageUnroll], up_hi[kStageUnroll];
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int i = base + u * kThreads, t = i / slice_words;
+        const int64_t word = slice.first_word + i % slice_words;
+        const bool ok = i < n && t < a.tokens && word < a.words;
+        const int64_t at = t * token_vectors + 2 * word;
+        const float4 zero = make_float4(0, 0, 0, 0);
+        lo[u] = ok ? __ldcg(x4 + at) : zero;
+        hi[u] = ok ? __ldcg(x4 + at + 1) : zero;
+        if constexpr (kInput == GemvInput::kSiluMul) {
+          up_lo[u] = ok ? __ldcg(up4 + at) : zero;
+          up_hi[u] = ok ? __ldcg(up4 + at + 1) : zero;
+        }
       }
-      reinterpret_cast<uint4*>(x_staged)[i] = frag;
-    } else {
-      uint2 frag = make_uint2(0, 0);
-      if (word < a.words) {
-        const float4 v = load_input4<kInput>(a, word, inv_rms, x_cache);
-        frag = make_uint2(pack_half2(v.x, v.z), pack_half2(v.y, v.w));
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int i = base + u * kThreads;
+        if (i >= n) break;
+        if constexpr (kInput == GemvInput::kSiluMul) {  // SiLU(0) * 0 = 0 where the row or word is past the end
+          lo[u] = silu_mul4(lo[u], up_lo[u]);
+          hi[u] = silu_mul4(hi[u], up_hi[u]);
+        }
+        const uint4 frag = make_uint4(pack_half2(lo[u].x, hi[u].x), pack_half2(lo[u].y, hi[u].y),
+                                      pack_half2(lo[u].z, hi[u].z), pack_half2(lo[u].w, hi[u].w));
+        *reinterpret_cast<uint4*>(reinterpret_cast<char*>(x_staged) + (i / slice_words) * a.x_stride_bytes +
+                                  (i % slice_words) * 16) = frag;
       }
-      reinterpret_cast<uint2*>(x_staged)[i] = frag;
+    }
+  } else {
+    for (int i = threadIdx.x; i < slice.steps * kWordsPerStep; i += kThreads) {
+      const int64_t word = slice.first_word + i;
+      if constexpr (kBits == 4) {
+        uint4 frag = make_uint4(0, 0, 0, 0);
+        if (word < a.words) {
+          const float4 lo = load_input4<kInput>(a, 2 * word, inv_rms, x_cache),
+                       hi = load_input4<kInput>(a, 2 * word + 1, inv_rms, x_cache);
+          frag = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z),
+                            pack_half2(lo.w, hi.w));
+        }
+        reinterpret_cast<uint4*>(x_staged)[i] = frag;
+      } else {
+        uint2 frag = make_uint2(0, 0);
+        if (word < a.words) {
+          const float4 x4 = load_input4<kInput>(a, word, inv_rms, x_cache);
+          frag = make_uint2(pack_half2(x4.x, x4.z), pack_half2(x4.y, x4.w));
+        }
+        reinterpret_cast<uint2*>(x_staged)[i] = frag;
+      }
     }
   }
   __syncthreads();
+  // The batch kernels' B fragments: token row quad_row of each n-tile, word quad_col of each step.
+  const char* x_thread = reinterpret_cast<const char*>(x_staged) + (kBatched ? quad_row * a.x_stride_bytes : 0) + quad_col * 16;
+  const int tile_stride_bytes = kBatched ? 8 * a.x_stride_bytes : 0;
 
-  float acc01[4] = {0, 0, 0, 0}, acc23[4] = {0, 0, 0, 0};  // D rows (row, row + 1), (row + 2, row + 3)
-  float total[4] = {0, 0, 0, 0};
+  // D rows (row, row + 1) and (row + 2, row + 3): columns 2 quad_col, 2 quad_col + 1 of each n-tile.
+  float acc01[kSets][4], acc23[kSets][4];
+  float total[kSets][kSums];
   float scale[4] = {0, 0, 0, 0};
   uint32_t bias_low[4], bias_high[4];
   int steps_in_acc = 0;
-  auto promote = [&] {  // the tensor cores' float32 accumulation truncates: keep its sums short
-    total[0] += scale[0] * acc01[0];
-    total[1] += scale[1] * acc01[2];
-    total[2] += scale[2] * acc23[0];
-    total[3] += scale[3] * acc23[2];
+  auto clear = [&] {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc01[i] = acc23[i] = 0.0f;
+    for (int t = 0; t < kSets; ++t) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc01[t][i] = acc23[t][i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kSums; ++i) total[t][i] = 0.0f;
+    }
+    steps_in_acc = 0;
+  };
+  clear();
+  auto promote = [&] {  // the tensor cores' float32 accumulation truncates: keep its sums short
+#pragma unroll
+    for (int t = 0; t < kSets; ++t) {
+      if constexpr (kBatched) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          total[t][0 + e] += scale[0] * acc01[t][e];
+          total[t][2 + e] += scale[1] * acc01[t][2 + e];
+          total[t][4 + e] += scale[2] * acc23[t][e];
+          total[t][6 + e] += scale[3] * acc23[t][2 + e];
+        }
+      } else {  // every column holds the same sums: one of them
+        total[t][0] += scale[0] * acc01[t][0];
+        total[t][1] += scale[1] * acc01[t][2];
+        total[t][2] += scale[2] * acc23[t][0];
+        total[t][3] += scale[3] * acc23[t][2];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc01[t][i] = acc23[t][i] = 0.0f;
+    }
     steps_in_acc = 0;
   };
   auto decode_params = [&] {
-    const int shift = kBits == 4 ? 4 * static_cast<int>(row % 8) : 0;
+    const int shift = kBits == 4 ? 4 * static_cast<int>(v.row % 8) : 0;
     const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
-      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + m.zero_offset;
+      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + v.m.zero_offset;
       bias_low[r] = (0x6400u + zero) * 0x00010001u;        // {1024 + z} x2
       bias_high[r] = (0xD400u + 16u * zero) * 0x00010001u;  // {-(64 + z)} x2
     }
@@ -495,30 +678,47 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     raw_zeros = next_zeros;
     decode_params();
     steps_to_group = a.group_steps;
-    load_raw_params<kBits>(m, group + 1, row, row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
+    load_raw_params<kBits>(v.m, group + 1, v.row, v.row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
   };
   auto compute_step = [&](const uint4& w, int s) {
-    const uint32_t* xs = x_staged + (s * kWordsPerStep + quad_col) * kRegsPerWord;
-    if constexpr (kBits == 4) {
-      const uint4 xf = *reinterpret_cast<const uint4*>(xs);
+    if constexpr (kBatched) {
       uint32_t v0[4], v1[4], v2[4], v3[4];
       dequant_word4(w.x, bias_low[0], bias_high[0], v0);
       dequant_word4(w.y, bias_low[1], bias_high[1], v1);
       dequant_word4(w.z, bias_low[2], bias_high[2], v2);
       dequant_word4(w.w, bias_low[3], bias_high[3], v3);
-      mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
-      mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
-      mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
-      mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
+      const char* xs = x_thread + s * (kWordsPerStep * 16);
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const uint4 xf = *reinterpret_cast<const uint4*>(xs + t * tile_stride_bytes);
+        mma_m16n8k16(acc01[t], v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+        mma_m16n8k16(acc01[t], v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
+        mma_m16n8k16(acc23[t], v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+        mma_m16n8k16(acc23[t], v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
+      }
     } else {
-      const uint2 xf = *reinterpret_cast<const uint2*>(xs);
-      uint32_t v0[2], v1[2], v2[2], v3[2];
-      dequant_word8(w.x, bias_low[0], v0);
-      dequant_word8(w.y, bias_low[1], v1);
-      dequant_word8(w.z, bias_low[2], v2);
-      dequant_word8(w.w, bias_low[3], v3);
-      mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
-      mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+      const uint32_t* xs = x_staged + (s * kWordsPerStep + quad_col) * kRegsPerWord;
+      if constexpr (kBits == 4) {
+        const uint4 xf = *reinterpret_cast<const uint4*>(xs);
+        uint32_t v0[4], v1[4], v2[4], v3[4];
+        dequant_word4(w.x, bias_low[0], bias_high[0], v0);
+        dequant_word4(w.y, bias_low[1], bias_high[1], v1);
+        dequant_word4(w.z, bias_low[2], bias_high[2], v2);
+        dequant_word4(w.w, bias_low[3], bias_high[3], v3);
+        mma_m16n8k16(acc01[0], v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+        mma_m16n8k16(acc01[0], v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
+        mma_m16n8k16(acc23[0], v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+        mma_m16n8k16(acc23[0], v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
+      } else {
+        const uint2 xf = *reinterpret_cast<const uint2*>(xs);
+        uint32_t v0[2], v1[2], v2[2], v3[2];
+        dequant_word8(w.x, bias_low[0], v0);
+        dequant_word8(w.y, bias_low[1], v1);
+        dequant_word8(w.z, bias_low[2], v2);
+        dequant_word8(w.w, bias_low[3], v3);
+        mma_m16n8k16(acc01[0], v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+        mma_m16n8k16(acc23[0], v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+      }
     }
   };
   auto compute_batch = [&](const uint4 (&batch)[kBatch], int first) {
@@ -553,16 +753,38 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
 
-  // Two batches in flight: while one is computed, the other's loads are outstanding.
-  for (int first = 0; first < slice.steps; first += 2 * kBatch) {
-    compute_batch(ping, first);
-    if (first + 2 * kBatch < slice.steps) load_batch(ping, first + 2 * kBatch);
-    if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
-    if (first + 3 * kBatch < slice.steps) load_batch(pong, first + 3 * kBatch);
+  for (int r = 0;; ++r) {
+    // Two batches in flight: while one is computed, the other's loads are outstanding.
+    for (int first = 0; first < slice.steps; first += 2 * kBatch) {
+      compute_batch(ping, first);
+      if (first + 2 * kBatch < slice.steps) load_batch(v, ping, first + 2 * kBatch);
+      if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
+      if (first + 3 * kBatch < slice.steps) load_batch(v, pong, first + 3 * kBatch);
+    }
+    promote();
+    const int tile = first_tile + r;
+    if constexpr (kBatched) {
+      // The next row tile's first loads and parameters go out before this one's epilogue.
+      const bool more = r + 1 < row_tiles && tile + 1 < a.total_tiles;
+      TileView next = v;
+      if (more) {
+        next = tile_view(a, tile + 1, slice.first_word, warp, quad_row, quad_col);
+        load_batch(next, ping, 0);
+        load_batch(next, pong, kBatch);
+      }
+      finish_tokens<kTiles>(a, v, tile, quad_col, total);
+      if (!more) break;
+      v = next;
+      start_tile_params(v);
+      decode_params();
+      clear();
+    } else {
+      // Every thread of a quad holds the same sums (all D columns are equal); the first writes them.
+      finish_rows(a, v.m, tile, v.row0, v.row, make_float4(total[0][0], total[0][1], total[0][2], total[0][3]),
+                  v.row_ok && quad_col == 0);
+      break;
+    }
   }
-  promote();
-  // Every thread of a quad holds the same sums (all D columns are equal); the first writes them.
-  finish_rows(a, m, block_row0, row, make_float4(total[0], total[1], total[2], total[3]), row_ok && quad_col == 0);
 }
 
 // The baseline: lane l of every warp owns rows 4l .. 4l + 3 of the block's 128; warp k takes word k of each
@@ -650,27 +872,39 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
     const float4 o = warp_sums[k][lane];
     sums = make_float4(sums.x + o.x, sums.y + o.y, sums.z + o.z, sums.w + o.w);
   }
-  finish_rows(a, m, block_row0, row, sums, row_ok && warp == 0);
+  finish_rows(a, m, static_cast<int>(blockIdx.x), block_row0, row, sums, row_ok && warp == 0);
 }
 
-template <int kBits>
+template <int kBits, GemvInput kInput, int kTiles>
+cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
+  const auto kernel = gemv_gptq_tensor_core<kBits, kInput, kTiles>;
+  if (shared > 48 * 1024) {  // a batch's staged x (plan_gemv_gptq_batch bounds it): raise the block's limit
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (e != cudaSuccess) return e;
+  }
+  if (args.cluster_reduce) {
+    return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
+  }
+  return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap, args);
+}
+
+template <int kBits, int kTiles>
 cudaError_t launch_tensor_core(GemvInput input, dim3 grid, size_t shared, cudaStream_t stream, bool overlap,
                                const GemvArgs& args) {
-  auto launch = [&](auto kernel) {
-    if (args.cluster_reduce) {
-      return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
+  if constexpr (kTiles > 0) {  // batch kernels: 4-bit, plain or SiLU*up input (gemv_gptq_batch checks)
+    if (input == GemvInput::kSiluMul) return launch_one<4, GemvInput::kSiluMul, kTiles>(grid, shared, stream, overlap, args);
+    return launch_one<4, GemvInput::kPlain, kTiles>(grid, shared, stream, overlap, args);
+  } else {
+    switch (input) {
+      case GemvInput::kRmsNorm:
+        return launch_one<kBits, GemvInput::kRmsNorm, 0>(grid, shared, stream, overlap, args);
+      case GemvInput::kSiluMul:
+        return launch_one<kBits, GemvInput::kSiluMul, 0>(grid, shared, stream, overlap, args);
+      case GemvInput::kPlain:
+        break;
     }
-    return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap, args);
-  };
-  switch (input) {
-    case GemvInput::kRmsNorm:
-      return launch(gemv_gptq_tensor_core<kBits, GemvInput::kRmsNorm>);
-    case GemvInput::kSiluMul:
-      return launch(gemv_gptq_tensor_core<kBits, GemvInput::kSiluMul>);
-    case GemvInput::kPlain:
-      break;
+    return launch_one<kBits, GemvInput::kPlain, 0>(grid, shared, stream, overlap, args);
   }
-  return launch(gemv_gptq_tensor_core<kBits, GemvInput::kPlain>);
 }
 
 // Whether the current device can launch thread-block clusters (compute capability 9.0 and later).
@@ -682,7 +916,8 @@ bool device_has_clusters() {
 
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& plan, const float* x,
+// tokens: 0 for the vector kernels, 1 to kMaxGemvTokens for the batch kernels (plan from plan_gemv_gptq_batch).
+Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& plan, const float* x, int64_t tokens,
                    GemvWorkspace& workspace, Stream stream, const GemvOptions& options, const GemvFusion& fusion) {
   const DeviceGptqMatrix& first = *members[0].w;
   const std::string what = "gemv_gptq (" + std::to_string(first.bits) + "-bit, " + std::to_string(members.size()) +
@@ -715,8 +950,8 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   if (fusion.input == GemvInput::kSiluMul && (!fusion.up || address(fusion.up) % 16 != 0)) {
     return invalid_argument(what + ": SiLU*up needs a 16-byte aligned up vector");
   }
-  if (plan.k_splits > 1 && plan.row_blocks > workspace.counter_capacity()) {
-    return out_of_range("gemv_gptq: " + std::to_string(plan.row_blocks) + " row blocks exceed the workspace's " +
+  if (plan.k_splits > 1 && plan.row_tiles_total > workspace.counter_capacity()) {
+    return out_of_range("gemv_gptq: " + std::to_string(plan.row_tiles_total) + " row blocks exceed the workspace's " +
                         std::to_string(workspace.counter_capacity()) + " counters");
   }
   GemvArgs args{};
@@ -745,12 +980,27 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.l2_prefetch_steps = options.l2_prefetch_steps > 0 ? options.l2_prefetch_steps : 0;
   args.cluster_reduce = tensor_core && options.cluster_reduce && plan.k_splits > 1 &&
                         plan.k_splits <= kMaxClusterSplits && device_has_clusters();
+  args.tokens = tokens > 0 ? tokens : 1;
+  args.row_tiles = static_cast<int>(plan.row_tiles);
+  args.total_tiles = static_cast<int>(plan.row_tiles_total);
+  args.x_stride_bytes = static_cast<int>(plan.x_stride_bytes);
+  if (tokens > 0) args.cluster_reduce = 0;
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
   const size_t shared = static_cast<size_t>(plan.shared_bytes);
   cudaError_t error = cudaSuccess;
   if (tensor_core) {
-    error = first.bits == 4 ? launch_tensor_core<4>(fusion.input, grid, shared, stream, options.overlap_previous, args)
-                            : launch_tensor_core<8>(fusion.input, grid, shared, stream, options.overlap_previous, args);
+    const bool overlap = options.overlap_previous;
+    if (tokens > 0) {
+      switch ((tokens + 7) / 8) {
+        case 1: error = launch_tensor_core<4, 1>(fusion.input, grid, shared, stream, overlap, args); break;
+        case 2: error = launch_tensor_core<4, 2>(fusion.input, grid, shared, stream, overlap, args); break;
+        case 3: error = launch_tensor_core<4, 3>(fusion.input, grid, shared, stream, overlap, args); break;
+        default: error = launch_tensor_core<4, 4>(fusion.input, grid, shared, stream, overlap, args); break;
+      }
+    } else {
+      error = first.bits == 4 ? launch_tensor_core<4, 0>(fusion.input, grid, shared, stream, overlap, args)
+                              : launch_tensor_core<8, 0>(fusion.input, grid, shared, stream, overlap, args);
+    }
   } else {
     // The baseline never waits for a previous kernel, so it is never launched to overlap one.
     if (first.bits == 4) gemv_gptq_cuda_core<4><<<grid, kThreads, shared, stream>>>(args);
@@ -767,14 +1017,25 @@ Status gemv_gptq(const DeviceGptqMatrix& w, const float* x, float* y, GemvWorksp
   PETREL_ASSIGN_OR_RETURN(GemvPlan plan,
                           plan_gemv_gptq(w, workspace.multiprocessors(), workspace.partial_capacity(), options));
   const GemvGroupMember member{&w, y};
-  return launch_gemv(std::span<const GemvGroupMember>(&member, 1), plan, x, workspace, stream, options, fusion);
+  return launch_gemv(std::span<const GemvGroupMember>(&member, 1), plan, x, 0, workspace, stream, options, fusion);
 }
 
 Status gemv_gptq_grouped(std::span<const GemvGroupMember> members, const float* x, GemvWorkspace& workspace,
                          Stream stream, const GemvOptions& options, const GemvFusion& fusion) {
   PETREL_ASSIGN_OR_RETURN(GemvPlan plan, plan_gemv_gptq_grouped(members, workspace.multiprocessors(),
                                                                  workspace.partial_capacity(), options));
-  return launch_gemv(members, plan, x, workspace, stream, options, fusion);
+  return launch_gemv(members, plan, x, 0, workspace, stream, options, fusion);
+}
+
+Status gemv_gptq_batch(std::span<const GemvGroupMember> members, const float* x, int64_t tokens,
+                       GemvWorkspace& workspace, Stream stream, const GemvOptions& options, const GemvFusion& fusion) {
+  PETREL_ASSIGN_OR_RETURN(GemvPlan plan, plan_gemv_gptq_batch(members, tokens, workspace.multiprocessors(),
+                                                               workspace.partial_capacity(), options));
+  if (fusion.input == GemvInput::kRmsNorm) {
+    return unsupported("gemv_gptq_batch: RMSNorm is not fused into the batch kernels (norm.h's rms_norm first)");
+  }
+  if (fusion.residual && members.size() > 1) return invalid_argument("gemv_gptq_batch: a residual needs a single matrix");
+  return launch_gemv(members, plan, x, tokens, workspace, stream, options, fusion);
 }
 
 }  // namespace petrel::cuda

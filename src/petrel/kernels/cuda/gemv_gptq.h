@@ -82,6 +82,9 @@ struct GemvOptions {
   // partial sums through distributed shared memory; Hopper and later, k_splits <= 16, tensor-core kernel)
   // instead of through L2 with an arrival counter. The same sums in the same order: bitwise the same y.
   bool cluster_reduce = false;
+  // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
+  // 0: chosen from the token count.
+  int row_tiles = 0;
 };
 
 // What a GEMV does to its input as it stages it and to its output as it writes it: the token generator's
@@ -125,10 +128,15 @@ class GemvWorkspace {
 struct GemvPlan {
   static constexpr int kRowsPerBlock = 128;
   static constexpr int kThreadsPerBlock = 128;
-  int64_t row_blocks = 0;
+  // The batch kernels' limit on staged x per block (they raise the kernel's dynamic shared-memory limit to it).
+  static constexpr int64_t kMaxBatchSharedBytes = 96 * 1024;
+  int64_t row_blocks = 0;  // blocks along the rows (gridDim.x)
   int k_splits = 1;
   int64_t steps_per_split = 0;
   int64_t shared_bytes = 0;  // dynamic shared memory per block: the staged slice of x
+  int64_t row_tiles = 1;        // row tiles of kRowsPerBlock per block (batch kernels; 1 otherwise)
+  int64_t row_tiles_total = 0;  // row tiles of all matrices together
+  int64_t x_stride_bytes = 0;   // batch kernels: bytes per token of the staged slice of x
 };
 
 // The plan gemv_gptq would use for `w` on a device with `multiprocessors` SMs, given the workspace's partial
@@ -160,5 +168,26 @@ Status gemv_gptq_grouped(std::span<const GemvGroupMember> members, const float* 
 // The plan gemv_gptq_grouped would use (all members' row blocks side by side in one grid).
 Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members, int multiprocessors,
                                         int64_t partial_capacity, const GemvOptions& options = {});
+
+// The most tokens one gemv_gptq_batch call takes.
+inline constexpr int64_t kMaxGemvTokens = 32;
+
+// Y_i[tokens, W_i.rows] = op(X)[tokens, cols] dequant(W_i)^T for 1 <= tokens <= kMaxGemvTokens: the prompt
+// processor's short chunks (a chat turn; time to first token) through the token generator's kernel rather
+// than a GEMM. Each step's weights are dequantized once and multiplied with up to 4 n-tiles of 8 tokens
+// (the mma's N dimension, which the vector kernel fills with copies of x), so the weights are read once for
+// all tokens and the cost per step grows by 4 mma per n-tile, not by a dequantization. x is [tokens, cols]
+// float32 (row-major, 16-byte aligned), each y [tokens, rows]; op is kPlain or kSiluMul (up [tokens, cols]),
+// and fusion.residual ([tokens, rows], single matrix) is added as in gemv_gptq. 4-bit weights, tensor-core
+// algorithm. A token's result equals gemv_gptq's on that row of x with the same k_splits, bit for bit.
+// Each block stages its slice of x for all tokens (fp16, up to 96 KB) and computes GemvOptions::row_tiles
+// row tiles with it, so x is read from L2 once per row_tiles * 128 rows.
+Status gemv_gptq_batch(std::span<const GemvGroupMember> members, const float* x, int64_t tokens,
+                       GemvWorkspace& workspace, Stream stream = nullptr, const GemvOptions& options = {},
+                       const GemvFusion& fusion = {});
+
+// The plan gemv_gptq_batch would use; the partials need k_splits * tokens * row_tiles_total * 128 floats.
+Result<GemvPlan> plan_gemv_gptq_batch(std::span<const GemvGroupMember> members, int64_t tokens, int multiprocessors,
+                                      int64_t partial_capacity, const GemvOptions& options = {});
 
 }  // namespace petrel::cuda

@@ -17,6 +17,7 @@
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
 #include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/programmatic_launch.cuh"
 
 namespace petrel::cuda {
 
@@ -28,6 +29,8 @@ constexpr int kPerThread = 8;  // elements a thread keeps in registers: rows up 
 __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(float* __restrict__ x, const float* __restrict__ residual,
                                                                 int64_t dim, const void* __restrict__ weight,
                                                                 WeightType weight_type, float eps, float* __restrict__ out) {
+  allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
+  wait_for_previous_kernel();
   float* xr = x + blockIdx.x * dim;
   float* yr = out + blockIdx.x * dim;
   const float* rr = residual ? residual + blockIdx.x * dim : nullptr;
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(float* __restrict
 }  // namespace
 
 Status rms_norm(float* x, const float* residual, int64_t n_rows, int64_t dim, const DeviceVector& weight, float eps,
-                float* out, Stream stream) {
+                float* out, Stream stream, bool overlap_previous) {
   PETREL_ASSIGN_OR_RETURN(WeightType type, weight_type(weight.dtype, "cuda::rms_norm"));
   if (n_rows <= 0 || dim <= 0 || weight.size != dim) {
     return invalid_argument("cuda::rms_norm: " + std::to_string(n_rows) + " rows of " + std::to_string(dim) +
@@ -91,8 +94,9 @@ Status rms_norm(float* x, const float* residual, int64_t n_rows, int64_t dim, co
   // Enough whole warps that each thread holds at most kPerThread elements (1024 threads for 8192).
   const int64_t wanted = (dim + kPerThread - 1) / kPerThread;
   const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, (wanted + 31) / 32 * 32));
-  rms_norm_kernel<<<static_cast<unsigned>(n_rows), threads, 0, stream>>>(x, residual, dim, weight.data, type, eps, out);
-  return cuda_status(cudaGetLastError(), "rms_norm launch");
+  return cuda_status(launch_kernel(rms_norm_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(threads), 0, stream,
+                                   overlap_previous, x, residual, dim, weight.data, type, eps, out),
+                     "rms_norm launch");
 }
 
 }  // namespace petrel::cuda

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "petrel/kernels/cuda/cuda_check.h"
+#include "petrel/kernels/cuda/programmatic_launch.cuh"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/rope_math.cuh"
 
@@ -35,6 +36,8 @@ __global__ void __launch_bounds__(kMaxHalf) rope_store_kv_kernel(float* __restri
                                                                  const int32_t* __restrict__ position, int64_t start,
                                                                  uint16_t* __restrict__ key_cache,
                                                                  uint16_t* __restrict__ value_cache) {
+  allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
+  wait_for_previous_kernel();
   const int half = head_dim / 2;
   const int i = threadIdx.x;
   // Token blockIdx.y of the batch: its rows of q, k and v, at position start + blockIdx.y (or *position, the
@@ -82,7 +85,7 @@ namespace {
 
 Status launch_rope(float* q, const float* k, const float* v, int64_t n_tokens, const RopeShape& shape,
                    const float* inv_freq, const int32_t* position, int64_t start, uint16_t* key_cache,
-                   uint16_t* value_cache, Stream stream, const char* what) {
+                   uint16_t* value_cache, Stream stream, bool overlap_previous, const char* what) {
   if (shape.n_heads <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.head_dim % 2 != 0 ||
       shape.head_dim > 2 * kMaxHalf || shape.n_heads + shape.n_kv_heads > (int64_t{1} << 30)) {
     return invalid_argument(std::string("cuda::") + what + ": " + std::to_string(shape.n_heads) + " query heads, " +
@@ -98,10 +101,10 @@ Status launch_rope(float* q, const float* k, const float* v, int64_t n_tokens, c
   }
   const int threads = static_cast<int>((shape.head_dim / 2 + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(shape.n_heads + shape.n_kv_heads), static_cast<unsigned>(n_tokens));
-  rope_store_kv_kernel<<<grid, threads, 0, stream>>>(q, k, v, static_cast<int>(shape.n_heads),
-                                                     static_cast<int>(shape.head_dim), shape.n_kv_heads * shape.head_dim,
-                                                     inv_freq, position, start, key_cache, value_cache);
-  return cuda_status(cudaGetLastError(), std::string(what) + " launch");
+  return cuda_status(launch_kernel(rope_store_kv_kernel, grid, dim3(threads), 0, stream, overlap_previous, q, k, v,
+                                   static_cast<int>(shape.n_heads), static_cast<int>(shape.head_dim),
+                                   shape.n_kv_heads * shape.head_dim, inv_freq, position, start, key_cache, value_cache),
+                     std::string(what) + " launch");
 }
 
 }  // namespace
@@ -109,14 +112,14 @@ Status launch_rope(float* q, const float* k, const float* v, int64_t n_tokens, c
 Status rope_store_kv(float* q, const float* k, const float* v, const RopeShape& shape, const float* inv_freq,
                      const int32_t* position, uint16_t* key_cache, uint16_t* value_cache, Stream stream) {
   if (!position) return invalid_argument("cuda::rope_store_kv: null device pointer");
-  return launch_rope(q, k, v, 1, shape, inv_freq, position, 0, key_cache, value_cache, stream, "rope_store_kv");
+  return launch_rope(q, k, v, 1, shape, inv_freq, position, 0, key_cache, value_cache, stream, false, "rope_store_kv");
 }
 
 Status rope_store_kv_rows(float* q, const float* k, const float* v, int64_t n_tokens, int64_t start,
                           const RopeShape& shape, const float* inv_freq, uint16_t* key_cache, uint16_t* value_cache,
-                          Stream stream) {
+                          Stream stream, bool overlap_previous) {
   return launch_rope(q, k, v, n_tokens, shape, inv_freq, nullptr, start, key_cache, value_cache, stream,
-                     "rope_store_kv_rows");
+                     overlap_previous, "rope_store_kv_rows");
 }
 
 }  // namespace petrel::cuda

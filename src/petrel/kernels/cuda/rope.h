@@ -32,6 +32,6 @@ Status rope_store_kv(float* q, const float* k, const float* v, const RopeShape& 
 // The caller checks start + n_tokens <= context_length; n_tokens <= 65535.
 Status rope_store_kv_rows(float* q, const float* k, const float* v, int64_t n_tokens, int64_t start,
                           const RopeShape& shape, const float* inv_freq, uint16_t* key_cache, uint16_t* value_cache,
-                          Stream stream = nullptr);
+                          Stream stream = nullptr, bool overlap_previous = false);
 
 }  // namespace petrel::cuda
