@@ -425,8 +425,8 @@ struct CudaModel::State {
   // start + n - 1, up to the final RMSNorm into prefill.normed. The order of enqueue_step, with every
   // activation n rows tall and the linears as GEMMs, or for short chunks (batch_prefill) q/k/v and o as batch
   // GEMVs. Where the decode step overlaps its kernels (`overlap`), so do these: every kernel launched to
-  // overlap its predecessor waits for it before touching memory; the short attention kernel, which reads the
-  // KV rows the kernel before it wrote, is launched without.
+  // overlap its predecessor waits for it before it touches activations or the KV cache (the batch GEMVs
+  // stream their first weights before that wait).
   Status enqueue_prefill(int64_t start, int64_t n) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -464,7 +464,7 @@ struct CudaModel::State {
                                                       inv_freq.as<float>(), layer_keys, layer_values, s, overlap));
       if (cuda::prefill_attention_short_preferred(start, n)) {  // a short prompt: one launch, no cuBLAS
         PETREL_RETURN_IF_ERROR(cuda::prefill_attention_short(p.q.as<float>(), layer_keys, layer_values, start, n, attention,
-                                                             p.attn.as<float>(), s));
+                                                             p.attn.as<float>(), s, overlap));
       } else {
         PETREL_RETURN_IF_ERROR(cuda::prefill_attention(p.q.as<float>(), layer_keys, layer_values, start, n, attention,
                                                        p.gemm.blas(), p.attention_workspace.data(),
@@ -479,18 +479,23 @@ struct CudaModel::State {
       }
       PETREL_RETURN_IF_ERROR(
           cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, w.post_attn_norm.weight, eps, normed_rows, s, overlap));
-      if (batch && options.batch_prefill_mlp) {
+      if (batch && options.batch_prefill_gate_up) {
         const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), p.gate.as<float>()},
                                                  {&w.up_proj.quantized.view(), p.up.as<float>()}};
-        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(gate_up, normed_rows, n, p.gemv, s, gemv));
+        cuda::GemvOptions gate_up_options = gemv;
+        gate_up_options.row_tiles = static_cast<int>(options.batch_prefill_gate_up_row_tiles);
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(gate_up, normed_rows, n, p.gemv, s, gate_up_options));
+      } else {
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));
+        PETREL_RETURN_IF_ERROR(prefill_linear(w.up_proj, normed_rows, n, p.up.as<float>()));
+      }
+      if (batch && options.batch_prefill_down) {
         const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), proj_rows}};
         cuda::GemvFusion silu;
         silu.input = cuda::GemvInput::kSiluMul;
         silu.up = p.up.as<float>();
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(down, p.gate.as<float>(), n, p.gemv, s, gemv, silu));
       } else {
-        PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));
-        PETREL_RETURN_IF_ERROR(prefill_linear(w.up_proj, normed_rows, n, p.up.as<float>()));
         PETREL_RETURN_IF_ERROR(
             cuda::silu_mul(p.gate.as<float>(), p.up.as<float>(), n * c.intermediate_size, p.gate.as<float>(), s, overlap));
         PETREL_RETURN_IF_ERROR(prefill_linear(w.down_proj, p.gate.as<float>(), n, proj_rows));

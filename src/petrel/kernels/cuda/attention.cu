@@ -324,6 +324,8 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
     }
     cp_async_commit();
   };
+  // A prompt chunk's own KV rows come from the kernel before (rope_store_kv_rows): wait for it first.
+  if constexpr (kPrefill) wait_for_previous_kernel();
   for (int s = 0; s < a.stages; ++s) {
     if (s < n_chunks) stage_chunk(s, s);
     else cp_async_commit();  // an empty group keeps the count per chunk uniform
@@ -678,7 +680,8 @@ bool prefill_attention_short_preferred(int64_t start, int64_t n_tokens) {
 }
 
 Status prefill_attention_short(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, int64_t start,
-                               int64_t n_tokens, const PrefillAttentionShape& shape, float* out, Stream stream) {
+                               int64_t n_tokens, const PrefillAttentionShape& shape, float* out, Stream stream,
+                               bool overlap_previous) {
   const std::string what = "cuda::prefill_attention_short: " + std::to_string(n_tokens) + " tokens at " +
                            std::to_string(start) + ", " + std::to_string(shape.n_heads) + " query heads, " +
                            std::to_string(shape.n_kv_heads) + " KV heads of head_dim " + std::to_string(shape.head_dim);
@@ -714,7 +717,7 @@ Status prefill_attention_short(const float* q, const uint16_t* key_cache, const 
                                stages,
                                1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
   const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), 1, static_cast<unsigned>(n_tokens));
-  return cuda_status(launch_rope_kernel<true>(args, grid, stream, false), "prefill_attention_short launch");
+  return cuda_status(launch_rope_kernel<true>(args, grid, stream, overlap_previous), "prefill_attention_short launch");
 }
 
 }  // namespace petrel::cuda

@@ -84,6 +84,7 @@ bool prefill_attention_short_preferred(int64_t start, int64_t n_tokens);
 // 0 .. start + t (serially, 32 positions at a time), so its time grows with start + n_tokens; for short prompts.
 // q is not rounded to fp16 (closer to ref::attention than prefill_attention).
 Status prefill_attention_short(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, int64_t start,
-                               int64_t n_tokens, const PrefillAttentionShape& shape, float* out, Stream stream = nullptr);
+                               int64_t n_tokens, const PrefillAttentionShape& shape, float* out, Stream stream = nullptr,
+                               bool overlap_previous = false);  // as rms_norm's (norm.h)
 
 }  // namespace petrel::cuda

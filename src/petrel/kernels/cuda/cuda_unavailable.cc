@@ -102,7 +102,7 @@ Status rope_store_kv_rows(float*, const float*, const float*, int64_t, int64_t, 
 int64_t prefill_attention_workspace_bytes(const PrefillAttentionShape&, int64_t, int64_t) { return 0; }
 bool prefill_attention_short_preferred(int64_t, int64_t) { return false; }
 Status prefill_attention_short(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, const PrefillAttentionShape&,
-                               float*, Stream) {
+                               float*, Stream, bool) {
   return not_built();
 }
 Status prefill_attention(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, const PrefillAttentionShape&,

@@ -102,6 +102,21 @@
 // ld.global.cg (L2), never through a possibly stale L1 line. Outputs are bitwise the same with and without
 // overlap (tests/kernels_cuda_test.cc).
 //
+// Batch kernels (gemv_gptq_batch, kTiles 1 to 4). The mma's N dimension, which the vector kernel fills with
+// copies of x, carries 8 token rows per n-tile: thread (quad_row, quad_col) loads B from token quad_row of
+// each n-tile, and its D registers are tokens 2 quad_col and 2 quad_col + 1 of its 4 rows. Each step's weights
+// are dequantized once for all n-tiles (36 instructions) and cost 4 mma and one shared load per n-tile; the
+// promotion schedule and the split-K order are the vector kernel's, so a token's result equals the vector
+// kernel's on that row with the same splits, bit for bit (tests). x is staged for all 8 kTiles rows (fp16,
+// token rows 64 bytes apart modulo 128 for conflict-free loads, up to 96 KB with the opt-in); a block may
+// compute several row tiles with one staged x (GemvOptions::row_tiles), issuing the next tile's first weight
+// batches before the current tile's epilogue. Staging and the split-K reduction issue 8 to 16 loads per thread
+// at a time: the first version, one dependent L2 load at a time, took 58 us for q/o at 29 tokens (now 15).
+// Measured at 29 tokens (docs/PERFORMANCE.md, session 6): faster than the GEMM for q/o (15.3 against 17.2 us)
+// and, grouped, q/k/v; slower for gate/up and down, where every row tile's blocks read all tokens' x from L2
+// as float32 (1.8x the weight bytes at 29 tokens) and down's 16 splits write partials of half the weight bytes.
+// Next: x staged once in fp16 fragment order (by the producer kernel), read with cp.async as the GEMM does.
+//
 // Layout choice. The GPTQ layout is what this kernel wants: 16-byte loads, every byte of each 128-byte line
 // used, consecutive warps on consecutive lines, no repacking at load; the loads-only experiment above found
 // no gain from a contiguous (Marlin-style) tiling, so `petrel export --backend cuda` can keep it.
