@@ -25,7 +25,7 @@
 //   fused-gemm-prefill  the defaults, but prompt chunks of <= 32 tokens through the GEMM, not the batch GEMV
 //                     (only the "prompt N ms" column differs)
 //   fused-batch-mlp   the defaults, and the MLP of short prompt chunks through the batch GEMV too
-//   fused-batch-gateup, fused-batch-gateup-rt4  only gate/up of the MLP (planned row tiles, or 4 per block)
+//   fused-batch-gateup  only gate/up of the MLP
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
@@ -217,9 +217,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.batch_prefill_gate_up = o.batch_prefill_down = true;
   } else if (base == "fused-batch-gateup") {
     o.batch_prefill_gate_up = true;
-  } else if (base == "fused-batch-gateup-rt4") {
-    o.batch_prefill_gate_up = true;
-    o.batch_prefill_gate_up_row_tiles = 4;
   } else if (base != "fused") {
     return false;
   }

@@ -482,9 +482,7 @@ struct CudaModel::State {
       if (batch && options.batch_prefill_gate_up) {
         const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), p.gate.as<float>()},
                                                  {&w.up_proj.quantized.view(), p.up.as<float>()}};
-        cuda::GemvOptions gate_up_options = gemv;
-        gate_up_options.row_tiles = static_cast<int>(options.batch_prefill_gate_up_row_tiles);
-        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(gate_up, normed_rows, n, p.gemv, s, gate_up_options));
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(gate_up, normed_rows, n, p.gemv, s, gemv));
       } else {
         PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));
         PETREL_RETURN_IF_ERROR(prefill_linear(w.up_proj, normed_rows, n, p.up.as<float>()));

@@ -75,13 +75,12 @@ struct CudaModelOptions {
   // GPTQ. 8B, 29 tokens, H200 (2026-12-03): prompt 6.42 -> 5.71 ms per channel, 6.66 -> 5.99 ms at group 128
   // (then 5.41 / 5.66 with the prompt processor's kernels overlapping: overlap_kernels).
   bool batch_prefill = true;
-  // With batch_prefill, gate/up (one grouped launch) and down (SiLU*up fused into its staging) too; and the
-  // row tiles per block for gate/up (cuda::GemvOptions::row_tiles; 0: planned). Off by default: slower than
-  // the GEMM there (all three: 6.56 / 7.07 ms in the run above): every row tile re-reads all tokens' x from
-  // L2, and down, with 4096 output rows and 14336 inputs, has few tiles and many splits (gemv_gptq.cu).
+  // With batch_prefill, gate/up (one grouped launch) and down (SiLU*up fused into its staging) too. Off by
+  // default: slower than the GEMM there (all three: 6.56 / 7.07 ms in the run above; gate/up alone 5.43 /
+  // 6.06): every row tile re-reads all tokens' x from L2, and down, with 4096 output rows and 14336 inputs, has
+  // few tiles and many splits (gemv_gptq.cu).
   bool batch_prefill_gate_up = false;
   bool batch_prefill_down = false;
-  int64_t batch_prefill_gate_up_row_tiles = 0;
   // Run a few prompts and one decode step in create() (then forget them), so that the one-time costs of the
   // first launches (module loading, cuBLAS's kernel choice, the decode graph's capture) count in the init
   // time, not in the first query's time to first token.

@@ -243,6 +243,24 @@ __device__ __forceinline__ RowGroupParams load_group_params(const GemvPart& m, i
   return p;
 }
 
+// Split-K: called by every thread of a block after it stored its partial sums for row tile `tile`; true in the
+// last of the tile's k_splits blocks to arrive (which resets the tile's counter for the next launch), and then
+// the other blocks' partials are visible to it.
+__device__ __forceinline__ bool last_to_arrive(const GemvArgs& a, int tile) {
+  __shared__ bool is_last_block;
+  __threadfence();  // partials visible device-wide before this block is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(a.counters + tile, 1u);
+    is_last_block = arrived == static_cast<uint32_t>(a.k_splits - 1);
+    if (is_last_block) a.counters[tile] = 0;  // every block of this launch has arrived: reset for the next
+  }
+  __syncthreads();
+  if (!is_last_block) return false;
+  __threadfence();
+  return true;
+}
+
 // Writes the 4 row sums a thread holds (rows row .. row + 3 of its matrix), or, with split-K, its partials,
 // and lets the last block of the row range reduce the slices (adding the residual where there is one). Every
 // thread of the block calls it.
@@ -286,20 +304,10 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m
     return;
   }
 #endif
-  __shared__ bool is_last_block;
   const int64_t slice_stride = int64_t{a.total_tiles} * kRowsPerBlock;  // partials of one input slice
   const int64_t slot = int64_t{tile} * kRowsPerBlock;                   // this tile's rows in a slice's partials
   if (writer) __stcg(reinterpret_cast<float4*>(a.partials + blockIdx.y * slice_stride + slot + (row - block_row0)), sums);
-  __threadfence();  // partials visible device-wide before this block is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t arrived = atomicAdd(a.counters + tile, 1u);
-    is_last_block = arrived == static_cast<uint32_t>(a.k_splits - 1);
-    if (is_last_block) a.counters[tile] = 0;  // every block of this launch has arrived: reset for the next
-  }
-  __syncthreads();
-  if (!is_last_block) return;
-  __threadfence();
+  if (!last_to_arrive(a, tile)) return;
   const int64_t r = block_row0 + threadIdx.x;
   if (r < m.rows) {
     float sum = 0.0f;
@@ -442,18 +450,7 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
       }
     }
   }
-  if (a.k_splits == 1) return;
-  __shared__ bool is_last_block;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t arrived = atomicAdd(a.counters + tile, 1u);
-    is_last_block = arrived == static_cast<uint32_t>(a.k_splits - 1);
-    if (is_last_block) a.counters[tile] = 0;
-  }
-  __syncthreads();
-  if (!is_last_block) return;
-  __threadfence();
+  if (a.k_splits == 1 || !last_to_arrive(a, tile)) return;
   // Thread (c = threadIdx.x % 32) adds float4 column c (rows 4 c .. 4 c + 3 of the tile) of tokens
   // threadIdx.x / 32 + 4 k, each slice's loads for all its tokens in flight together, slices in a fixed order.
   constexpr int kItems = 2 * kTiles;  // 8 kTiles token rows over 4 groups of 32 threads
