@@ -10,7 +10,11 @@
 // speed does not depend on the values, and no 16 GB float checkpoint has to be written and quantized first.
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
-// counts it, less sampling; median of the reps.
+// counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
+// largest logits chosen on the GPU, what `petrel run` does with a top-k 40 sampler). The first timed prompt is bracketed by cudaProfilerStart/Stop:
+//   ncu --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel
+//       petrel_bench_decode_cuda --preset llama-3.1-8b --group -1 --reps 1 -n 1 --prompt 29 --variants fused
+// lists each kernel of one prompt with its time (serialized by the profiler, at its locked clocks).
 // "weight GB/s" is the bytes of weights read per token (all linears and the LM head, one embedding row) over
 // the time per token; the floor is those bytes at the device-to-device copy bandwidth measured first.
 //
@@ -26,12 +30,17 @@
 //                     (only the "prompt N ms" column differs)
 //   fused-batch-mlp   the defaults, and the MLP of short prompt chunks through the batch GEMV too
 //   fused-batch-gateup  only gate/up of the MLP
+//   fused-separate-inputs  the defaults, but the prompt processor's MLP with its post-attention RMSNorm and
+//                     SiLU*up as kernels of their own (CudaModelOptions::fused_prefill_inputs off)
+//   fused-qkv-gemm    the defaults, and q/k/v of the prompt processor as one GEMM launch with the input
+//                     RMSNorm in its staging (CudaModelOptions::prefill_qkv_gemm)
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
 // captured in one graph (weights rotating over copies of >= 256 MB so that they come from device memory;
 // the KV cache and activations are small and stay in L2, as in the step), without overlap, and for the fused
 // step's kernels also with each call overlapping the one before it.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -217,6 +226,10 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.batch_prefill_gate_up = o.batch_prefill_down = true;
   } else if (base == "fused-batch-gateup") {
     o.batch_prefill_gate_up = true;
+  } else if (base == "fused-separate-inputs") {
+    o.fused_prefill_inputs = false;
+  } else if (base == "fused-qkv-gemm") {
+    o.prefill_qkv_gemm = true;
   } else if (base != "fused") {
     return false;
   }
@@ -570,7 +583,8 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
   const double floor_ms = token_bytes / (copy_gbs * 1e9) * 1e3;
   std::printf("\nmodel: %s; weights read per token %.3f GB: floor %.3f ms/token (%.0f t/s) at the copy bandwidth\n\n",
               name.c_str(), token_bytes / 1e9, floor_ms, 1e3 / floor_ms);
-  std::printf("| step | test | upload s | t/s | ms/token | weight GB/s | %% copy | prompt %d ms |\n|---|---|---|---|---|---|---|---|\n",
+  std::printf("| step | test | upload s | t/s | ms/token | weight GB/s | %% copy | prompt %d ms | top-40 ms |\n"
+              "|---|---|---|---|---|---|---|---|---|\n",
               o.prompt);
   for (const std::string& variant : o.variants) {
     CudaModelOptions options;
@@ -596,20 +610,35 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     double mean = 0;
     for (double r : rates) mean += r / rates.size();
     const double gbs = token_bytes * mean / 1e9;
-    std::string prompt_ms = "-";
+    std::string prompt_ms = "- | -";
     if (o.prompt > 0) {
       std::vector<int32_t> tokens(o.prompt);
       for (int i = 0; i < o.prompt; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 3) % c.vocab_size);
       std::vector<double> times;
       for (int rep = -1; rep < std::max(o.reps, 5); ++rep) {  // rep -1: the first prompt's one-time costs
         (*gpu)->reset();
+        // The first timed prompt is bracketed for a profiler started with capture off (ncu --profile-from-start
+        // off: per-kernel times of one prompt; no effect otherwise).
+        if (rep == 0) cudaProfilerStart();
         const auto start = std::chrono::steady_clock::now();
         check((*gpu)->forward(tokens, LogitsMode::kLast, &logits), "prompt");
+        if (rep == 0) cudaProfilerStop();
         if (rep >= 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
       }
+      // The same through forward_top (the 40 largest logits chosen on the GPU, as `petrel run` samples with the
+      // export's top-k 40): the time to first token less the host sampler's few microseconds.
+      std::vector<double> top_times;
+      TopLogits top;
+      for (int rep = -1; rep < std::max(o.reps, 5); ++rep) {
+        (*gpu)->reset();
+        const auto start = std::chrono::steady_clock::now();
+        check((*gpu)->forward_top(tokens, 40, &top), "prompt (top-40)");
+        if (rep >= 0) top_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
+      }
       std::sort(times.begin(), times.end());
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.2f", times[times.size() / 2]);
+      std::sort(top_times.begin(), top_times.end());
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.2f | %.2f", times[times.size() / 2], top_times[top_times.size() / 2]);
       prompt_ms = buf;
     }
     std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %s |\n", variant.c_str(), o.n_gen, upload_s, mean,

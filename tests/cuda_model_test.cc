@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 
 #include "petrel/io/npy.h"
 #include "petrel/kernels/cuda/device.h"
@@ -295,6 +296,58 @@ TEST(CudaModel, AidreamsGreedyGenerationMatchesTheCpu) {
     generated.push_back(token);
   }
   EXPECT_EQ(generated, expected);
+}
+
+// decode_top / forward_top (the k largest logits chosen on the GPU) against the full logits of the same
+// steps, sorted on the host: the prompt processor's last row, a lone token, and a decode step.
+TEST(CudaModel, TopLogitsAreTheLargestOfTheFullLogits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto model = LlamaModel::load(data_dir() / "models/aidreams260k");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto gpu = CudaModel::create(**model, CudaModelOptions{});
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  CudaModel& m = **gpu;
+  auto expect_top_of = [](const std::vector<float>& logits, int k, const TopLogits& top) {
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    ASSERT_TRUE(top.all.empty());
+    ASSERT_EQ(top.ids.size(), static_cast<size_t>(k));
+    ASSERT_EQ(top.values.size(), static_cast<size_t>(k));
+    for (int i = 0; i < k; ++i) {
+      EXPECT_EQ(top.ids[i], order[i]) << "rank " << i;
+      EXPECT_EQ(top.values[i], logits[order[i]]) << "rank " << i;
+    }
+  };
+  const std::vector<int32_t> prompt = {1, 20, 30, 40, 50, 60, 70, 80, 90};
+  std::vector<float> logits;
+  TopLogits top;
+  for (int k : {1, 40, CudaModel::max_top_k(m.config())}) {
+    SCOPED_TRACE("k " + std::to_string(k));
+    m.reset();
+    ASSERT_TRUE(m.forward(prompt, LogitsMode::kLast, &logits).ok());
+    m.reset();
+    ASSERT_TRUE(m.forward_top(prompt, k, &top).ok());
+    EXPECT_EQ(m.position(), 9);
+    expect_top_of(logits, k, top);
+    ASSERT_TRUE(m.decode(7, &logits).ok());
+    m.truncate(9);
+    ASSERT_TRUE(m.decode_top(7, k, &top).ok());
+    EXPECT_EQ(m.position(), 10);
+    expect_top_of(logits, k, top);
+    m.reset();
+    ASSERT_TRUE(m.forward(std::span<const int32_t>(prompt.data(), 1), LogitsMode::kLast, &logits).ok());
+    m.reset();
+    ASSERT_TRUE(m.forward_top(std::span<const int32_t>(prompt.data(), 1), k, &top).ok());
+    expect_top_of(logits, k, top);
+  }
+  // Refusals change nothing.
+  const int64_t at = m.position();
+  EXPECT_EQ(m.decode_top(1, 0, &top).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(m.decode_top(1, CudaModel::max_top_k(m.config()) + 1, &top).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(m.decode_top(1, 1, nullptr).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(m.forward_top(prompt, 0, &top).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(m.position(), at);
 }
 
 // `petrel bench --backend cuda`: pp and tg on the GPU where there is one, a clear error where there is none.

@@ -7,12 +7,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/elementwise.h"
 #include "petrel/kernels/cuda/gemm.h"
+#include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/quant/format.h"
 #include "test_util.h"
@@ -375,6 +378,150 @@ TEST(GemmCuda, SmallWorkspaceCutsTheProductIntoPieces) {
     return cuda::gemm_dense(dense, x_dev.as<float>(), n, y_dev->as<float>(), *workspace);
   });
   EXPECT_LE(relative_l2(got, want), kToleranceSameInputs);
+}
+
+// gemm_gptq_group against the separate kernels it replaces (cuda::rms_norm with its residual add or
+// cuda::silu_mul, then gemm_gptq per member with the same options), which the tests above and
+// kernels_cuda_test.cc check against kernels/ref: the same bits, and the residual stream updated alike.
+TEST(GemmCuda, GroupWithFusedInputGivesTheSeparateKernelsBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(59);
+  auto workspace = cuda::GemmWorkspace::create();
+  ASSERT_TRUE(workspace.ok()) << workspace.status().to_string();
+  struct Case {
+    int bits;
+    int64_t cols, group;
+    std::vector<int64_t> rows;  // one per member
+  };
+  // 4096: Llama's hidden size (512 threads a row); 8320: past the norm's registers (1024 threads x 8), the
+  // rest in its loop; 160: one warp; 8-bit.
+  // Members in one launch (GemmOptions::one_launch) where all but the last have whole row blocks: 512 x 2,
+  // 256 x 2, 512 + 256 + 256 (q/k/v-like); not 1032 + 264 or 24 + 24 (rows short of a block).
+  const Case cases[] = {{4, 4096, -1, {1032, 264}}, {4, 4096, 128, {264}}, {4, 8320, 128, {24, 8}},
+                        {4, 160, 32, {24, 24, 8}}, {8, 4096, -1, {260, 12}}, {4, 4096, -1, {512, 512}},
+                        {4, 4096, 128, {256, 256}}, {4, 160, 32, {24, 24}}, {4, 4096, -1, {512, 256, 256}}};
+  // kAuto would take dequantize + cuBLAS for the smaller matrices past 48 tokens, which the group refuses. The
+  // tile, warps, splits and stages are fixed so that one launch (planned as one matrix of all) sums like each alone.
+  cuda::GemmOptions fused{cuda::GemmAlgorithm::kTensorCore, 16, 4, 2, 2};
+  // Element-wise equality of floats compares NaN unequal: every output is written (the buffers start as NaN).
+  auto download = [](const cuda::DeviceBuffer& buffer, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(buffer.download(v.data(), n * 4).ok());
+    return v;
+  };
+  int compared = 0;
+  for (const Case& c : cases) {
+    std::deque<UploadedGptq> mats;  // move-only members: a deque never relocates them
+    for (int64_t r : c.rows) mats.push_back(upload(GptqCase{c.bits, r, c.cols, c.group}, rng));
+    const int64_t max_m = 150;
+    const std::vector<float> x = random_floats(rng, max_m * c.cols), residual = random_floats(rng, max_m * c.cols),
+                             up = random_floats(rng, max_m * c.cols);
+    std::vector<uint16_t> norm_bf16(c.cols);
+    const std::vector<float> norm_f32 = random_floats(rng, c.cols, 0.1f);
+    for (int64_t i = 0; i < c.cols; ++i) norm_bf16[i] = f32_to_bf16(1.0f + norm_f32[i]);
+    auto norm_dev = device_copy(norm_bf16.data(), norm_bf16.size() * 2);
+    auto residual_dev = device_copy(residual.data(), residual.size() * 4);
+    auto up_dev = device_copy(up.data(), up.size() * 4);
+    auto x_fused = device_copy(x.data(), x.size() * 4), x_separate = device_copy(x.data(), x.size() * 4);
+    auto staged = cuda::DeviceBuffer::allocate(max_m * c.cols * 4);
+    ASSERT_TRUE(staged.ok());
+    std::deque<cuda::DeviceBuffer> y_fused, y_separate;
+    std::vector<cuda::GemvGroupMember> members;
+    for (size_t i = 0; i < mats.size(); ++i) {
+      y_fused.push_back(cuda::DeviceBuffer::allocate(max_m * c.rows[i] * 4).value());
+      y_separate.push_back(cuda::DeviceBuffer::allocate(max_m * c.rows[i] * 4).value());
+      members.push_back({&mats[i].view, y_fused.back().as<float>()});
+    }
+    for (int64_t m : {1, 5, 29, 64, 150}) {
+      for (cuda::GemvInput input : {cuda::GemvInput::kPlain, cuda::GemvInput::kRmsNorm, cuda::GemvInput::kSiluMul}) {
+        for (bool with_residual : {false, true}) {
+          if (with_residual && input != cuda::GemvInput::kRmsNorm) continue;
+          SCOPED_TRACE(std::to_string(c.bits) + "-bit cols " + std::to_string(c.cols) + " m " + std::to_string(m) +
+                       " input " + std::to_string(static_cast<int>(input)) + (with_residual ? " + residual" : ""));
+          ASSERT_TRUE(cuda::gemm_gptq_group_applies(members, m, *workspace, fused));
+          ASSERT_TRUE(x_fused.upload(x.data(), x.size() * 4).ok());
+          ASSERT_TRUE(x_separate.upload(x.data(), x.size() * 4).ok());
+          for (auto& y : y_fused) ASSERT_TRUE(y.fill_bytes(0xFF).ok());
+          cuda::GemmInputFusion fusion;
+          fusion.input = input;
+          fusion.norm_weight = cuda::DeviceVector{DType::kBF16, c.cols, norm_dev.data()};
+          fusion.norm_eps = 1e-5f;
+          if (with_residual) {
+            fusion.residual = residual_dev.as<float>();
+            fusion.residual_sum = x_fused.as<float>();  // in place, as the prompt processor does
+          }
+          fusion.up = up_dev.as<float>();
+          Status st = cuda::gemm_gptq_group(members, x_fused.as<float>(), m, *workspace, nullptr, fused, fusion);
+          ASSERT_TRUE(st.ok()) << st.to_string();
+          // The separate kernels.
+          const float* input_dev = x_separate.as<float>();
+          if (input == cuda::GemvInput::kRmsNorm) {
+            st = cuda::rms_norm(x_separate.as<float>(), with_residual ? residual_dev.as<float>() : nullptr, m, c.cols,
+                                fusion.norm_weight, fusion.norm_eps, staged->as<float>());
+            input_dev = staged->as<float>();
+          } else if (input == cuda::GemvInput::kSiluMul) {
+            st = cuda::silu_mul(x_separate.as<float>(), up_dev.as<float>(), m * c.cols, staged->as<float>());
+            input_dev = staged->as<float>();
+          }
+          ASSERT_TRUE(st.ok()) << st.to_string();
+          for (size_t i = 0; i < mats.size(); ++i) {
+            st = cuda::gemm_gptq(mats[i].view, input_dev, m, y_separate[i].as<float>(), *workspace, nullptr, fused);
+            ASSERT_TRUE(st.ok()) << st.to_string();
+          }
+          ASSERT_TRUE(cuda::synchronize().ok());
+          for (size_t i = 0; i < mats.size(); ++i) {
+            EXPECT_EQ(download(y_fused[i], m * c.rows[i]), download(y_separate[i], m * c.rows[i])) << "member " << i;
+            ++compared;
+          }
+          const std::vector<float> sum_fused = download(x_fused, m * c.cols);
+          EXPECT_EQ(sum_fused, download(x_separate, m * c.cols)) << "residual stream";
+          if (with_residual) {
+            EXPECT_NE(sum_fused[0], x[0]) << "the residual was not added";
+          }
+          if (input == cuda::GemvInput::kPlain && mats.size() > 1) {
+            // Planned (one launch: splits chosen for all members together): the same products up to sum order.
+            cuda::GemmOptions planned;
+            planned.algorithm = cuda::GemmAlgorithm::kTensorCore;
+            st = cuda::gemm_gptq_group(members, x_fused.as<float>(), m, *workspace, nullptr, planned);
+            ASSERT_TRUE(st.ok()) << st.to_string();
+            ASSERT_TRUE(cuda::synchronize().ok());
+            for (size_t i = 0; i < mats.size(); ++i) {
+              EXPECT_LE(relative_l2(download(y_fused[i], m * c.rows[i]), download(y_separate[i], m * c.rows[i])), 1e-5)
+                  << "planned, member " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("[ cuda gemm_gptq_group ] %d products bitwise equal to the separate kernels'\n", compared);
+
+  // Refusals: members that read different inputs, a plan that is not the fused kernel, a bad fusion.
+  UploadedGptq a = upload(GptqCase{4, 24, 4096, -1}, rng), b = upload(GptqCase{4, 24, 160, -1}, rng);
+  auto x_dev = cuda::DeviceBuffer::allocate(8 * 4096 * 4), y_dev = cuda::DeviceBuffer::allocate(8 * 24 * 4 * 2);
+  ASSERT_TRUE(x_dev.ok() && y_dev.ok());
+  const cuda::GemvGroupMember mixed[] = {{&a.view, y_dev->as<float>()}, {&b.view, y_dev->as<float>() + 8 * 24}};
+  EXPECT_EQ(cuda::gemm_gptq_group(mixed, x_dev->as<float>(), 8, *workspace).code(), ErrorCode::kInvalidArgument);
+  const cuda::GemvGroupMember one[] = {{&a.view, y_dev->as<float>()}};
+  cuda::GemmOptions cublas;
+  cublas.algorithm = cuda::GemmAlgorithm::kDequantCublas;
+  EXPECT_FALSE(cuda::gemm_gptq_group_applies(one, 8, *workspace, cublas));
+  EXPECT_EQ(cuda::gemm_gptq_group(one, x_dev->as<float>(), 8, *workspace, nullptr, cublas).code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(cuda::gemm_gptq_group(std::span<const cuda::GemvGroupMember>(), x_dev->as<float>(), 8, *workspace).code(),
+            ErrorCode::kInvalidArgument);
+  cuda::GemmInputFusion bad_norm;
+  bad_norm.input = cuda::GemvInput::kRmsNorm;
+  bad_norm.norm_weight = cuda::DeviceVector{DType::kF32, 100, x_dev->data()};
+  EXPECT_EQ(cuda::gemm_gptq_group(one, x_dev->as<float>(), 8, *workspace, nullptr, {}, bad_norm).code(),
+            ErrorCode::kInvalidArgument);
+  bad_norm.norm_weight.size = 4096;
+  bad_norm.residual = x_dev->as<float>();  // without residual_sum
+  EXPECT_EQ(cuda::gemm_gptq_group(one, x_dev->as<float>(), 8, *workspace, nullptr, {}, bad_norm).code(),
+            ErrorCode::kInvalidArgument);
+  cuda::GemmInputFusion no_up;
+  no_up.input = cuda::GemvInput::kSiluMul;
+  EXPECT_EQ(cuda::gemm_gptq_group(one, x_dev->as<float>(), 8, *workspace, nullptr, {}, no_up).code(),
+            ErrorCode::kInvalidArgument);
 }
 
 TEST(GemmCuda, DenseMatchesReferenceForEachDtype) {

@@ -21,6 +21,7 @@
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
+#include "petrel/kernels/cuda/top_k.h"
 #include "petrel/kernels/cuda/uploader.h"
 #include "petrel/model/rope.h"
 #include "petrel/kernels/ref/ops.h"
@@ -997,6 +998,74 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
   EXPECT_FALSE(cuda::decode_attention_rope(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                            cuda::DecodeAttentionShape{8, 2, 15, 8, 0}, nullptr, nullptr, nullptr).ok());
   std::printf("[ cuda attention + rope ] worst relative L2 %.3g\n", worst);
+}
+
+// cuda::top_k_logits against a full sort on the host (value descending, id ascending among equals): random
+// logits of Llama 3's vocabulary, short and awkward lengths (fewer 64-value blocks than k), ties (values on a
+// coarse grid, zeros of both signs), infinities; NaNs and ties past the kernel's candidate limit answer
+// "count 0" (the caller then reads every logit), never a wrong list.
+TEST(KernelsCuda, TopKLogitsMatchAFullSort) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(61);
+  auto result = cuda::DeviceBuffer::allocate(sizeof(cuda::TopKResult));
+  ASSERT_TRUE(result.ok());
+  auto* out = static_cast<cuda::TopKResult*>(result->data());
+  auto run = [&](const std::vector<float>& v, int k) {
+    auto dev = to_device(v.data(), v.size() * 4);
+    cuda::TopKResult got{};
+    EXPECT_TRUE(result->fill_bytes(0xAB).ok());
+    const Status st = cuda::top_k_logits(dev.as<float>(), static_cast<int64_t>(v.size()), k, out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    EXPECT_TRUE(cuda::synchronize().ok());
+    EXPECT_TRUE(result->download(&got, sizeof got).ok());
+    return got;
+  };
+  auto expect_sorted_top = [&](const std::vector<float>& v, int k, const cuda::TopKResult& got) {
+    std::vector<int32_t> order(v.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+    ASSERT_EQ(got.count, k);
+    for (int i = 0; i < k; ++i) {
+      EXPECT_EQ(got.ids[i], order[i]) << "rank " << i;
+      EXPECT_EQ(got.values[i], v[order[i]]) << "rank " << i;  // -0.0 may come back as +0.0: equal
+    }
+  };
+  int checked = 0;
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{65}, int64_t{100}, int64_t{4097}, int64_t{128256},
+                    cuda::kMaxDeviceTopKValues}) {
+    for (int k : {1, 2, 40, 64}) {
+      if (k > n) continue;
+      SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k));
+      std::normal_distribution<float> normal(0.0f, 3.0f);
+      std::vector<float> v(n);
+      for (float& x : v) x = normal(rng);
+      expect_sorted_top(v, k, run(v, k));
+      for (float& x : v) x = 0.5f * std::round(2.0f * normal(rng));  // coarse grid: ties everywhere
+      for (int i = 0; i < 5; ++i) v[rng() % n] = -0.0f;
+      if (n > 10) {
+        v[rng() % n] = -INFINITY;
+        v[rng() % n] = 12.5f;
+        v[rng() % n] = 12.5f;  // a tie at the top (or the same slot twice)
+      }
+      const cuda::TopKResult got = run(v, k);
+      if (got.count != 0) expect_sorted_top(v, k, got);  // 0: more ties at the threshold than it collects
+      checked += 2;
+    }
+  }
+  // A NaN, and more values tied at the threshold than the kernel collects: count 0.
+  std::vector<float> v(128256, 1.0f);
+  EXPECT_EQ(run(v, 40).count, 0) << "128,256 values tied at the threshold";
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 1000);
+  v[77] = std::nanf("");
+  EXPECT_EQ(run(v, 1).count, 0) << "NaN";
+  // Refusals.
+  auto dev = to_device(v.data(), 64 * 4);
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 64, 0, out).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 64, cuda::kMaxDeviceTopK + 1, out).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 10, 20, out).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), cuda::kMaxDeviceTopKValues + 1, 1, out).ok());
+  EXPECT_FALSE(cuda::top_k_logits(nullptr, 64, 1, out).ok());
+  std::printf("[ cuda top_k ] %d lists equal to a full sort's\n", checked);
 }
 
 }  // namespace

@@ -218,7 +218,9 @@ constexpr double kPrefillRelativeL2 = 5e-3;
 // GEMM (activations rounded to the weights' 16-bit dtype): 1.9e-3 measured for bf16 weights.
 constexpr double kLastVersusAllRelativeL2 = 3e-3;
 
-void expect_prefill_agrees(const LlamaModel& model, const std::vector<int32_t>& tokens, const std::string& what) {
+// qkv_gemm: CudaModelOptions::prefill_qkv_gemm (q/k/v as one GEMM launch with the input RMSNorm fused in).
+void expect_prefill_agrees(const LlamaModel& model, const std::vector<int32_t>& tokens, const std::string& what,
+                           bool qkv_gemm = false) {
   const int64_t vocab = model.config().vocab_size;
   const std::vector<float> cpu = cpu_prompt_logits(model, tokens);
   // Chunks of 16: several chunks, each after the first attending to cache rows it did not write.
@@ -226,6 +228,7 @@ void expect_prefill_agrees(const LlamaModel& model, const std::vector<int32_t>& 
     CudaModelOptions options;
     options.context_length = static_cast<int64_t>(tokens.size()) + 8;
     options.prefill_chunk = chunk;
+    options.prefill_qkv_gemm = qkv_gemm;
     auto gpu = CudaModel::create(model, options);
     ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
     std::vector<float> all;
@@ -279,6 +282,8 @@ TEST(PrefillCuda, QuantizedTinyLlamaAgreesWithTheCpuPromptProcessor) {
     std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
     while (tokens.size() < 300) tokens.push_back(static_cast<int32_t>((tokens.size() * 7919) % (*model)->config().vocab_size));
     expect_prefill_agrees(**model, tokens, std::string("tiny-llama31 W4 ") + (group < 0 ? "per-channel" : "g128"));
+    expect_prefill_agrees(**model, tokens, std::string("tiny-llama31 W4 ") + (group < 0 ? "per-channel" : "g128") + " qkv gemm",
+                          true);
 
     // The fp16 weight cache: the long chunks read dequantized copies instead of dequantizing per call; the
     // same fp16 weights go into the same cuBLAS products, so the logits agree to summation order.

@@ -104,6 +104,54 @@ TEST(Sampler, TopKMatchesAFullSortReference) {
   }
 }
 
+// sample_top over the k largest logits (sorted as cuda::top_k_logits returns them, here by a full sort) draws
+// what sample() draws over all of them, draw for draw; top_needed says when that holds.
+TEST(Sampler, SampleTopOverTheKLargestDrawsAsSampleOverAll) {
+  std::mt19937 gen(13);
+  std::vector<float> logits(3000);
+  std::vector<int32_t> order(logits.size());
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    bool greedy;
+  };
+  for (const Case& k : {Case{0.8f, 40, 0.95f, false}, Case{0.8f, 40, 1.0f, false}, Case{1.5f, 64, 0.5f, false},
+                        Case{0.8f, 2, 0.9f, false}, Case{0.0f, 0, 0.8f, false}, Case{0.8f, 1, 0.8f, false},
+                        Case{0.8f, 40, 0.95f, true}}) {
+    SamplerConfig c;
+    c.temperature = k.temperature;
+    c.top_k = k.top_k;
+    c.top_p = k.top_p;
+    c.greedy = k.greedy;
+    c.seed = 17;
+    Sampler full(c), top(c);
+    const int32_t needed = full.top_needed(static_cast<int32_t>(logits.size()));
+    ASSERT_EQ(needed, c.is_greedy() ? 1 : c.top_k) << "top_k " << c.top_k;
+    for (int draw = 0; draw < 40; ++draw) {
+      for (auto& v : logits) v = 0.25f * static_cast<float>(gen() % 64) - 8.0f;  // ties
+      if (draw % 5 == 0) logits[gen() % logits.size()] = -0.0f;
+      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+      std::vector<float> values(needed);
+      std::vector<int32_t> ids(order.begin(), order.begin() + needed);
+      for (int32_t i = 0; i < needed; ++i) values[i] = logits[ids[i]];
+      ASSERT_EQ(top.sample_top(values, ids), full.sample(logits, {})) << "top_k " << c.top_k << " draw " << draw;
+    }
+  }
+  // Not from the largest alone: penalties (they change logits by id), top-p without top-k, top-k off or >= vocab.
+  SamplerConfig c;
+  c.top_k = 40;
+  c.repetition_penalty = 1.1f;
+  EXPECT_EQ(Sampler(c).top_needed(1000), 0);
+  c = SamplerConfig();
+  c.top_k = 0;
+  c.top_p = 0.8f;
+  EXPECT_EQ(Sampler(c).top_needed(1000), 0);
+  c.top_k = 1000;
+  EXPECT_EQ(Sampler(c).top_needed(1000), 0);
+}
+
 TEST(Sampler, TopKRestrictsToTheKBest) {
   std::vector<float> logits = {3.0f, 2.9f, 2.8f, 0.0f, 0.0f};
   SamplerConfig c;

@@ -18,6 +18,7 @@
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
+#include "petrel/kernels/cuda/top_k.h"
 #include "petrel/kernels/cuda/uploader.h"
 #include "petrel/model/rope.h"
 
@@ -204,6 +205,9 @@ struct CudaModel::State {
   cuda::DeviceBuffer step_input;  // int32 {token, position}
   cuda::DeviceBuffer x, normed, q, k, v, attn, proj, gate, up, logits, attention_workspace;
   cuda::PinnedBuffer host_logits;
+  // decode_top / forward_top: cuda::top_k_logits' answer on the device and its pinned copy on the host.
+  cuda::DeviceBuffer top_device;
+  cuda::PinnedBuffer top_host;
   // The fused decode step (options.fused_step on a checkpoint whose decoder linears are all GPTQ):
   // uint32 [n_kv_heads] split arrival counters of decode_attention_rope, zero between steps.
   bool fused = false;
@@ -421,6 +425,29 @@ struct CudaModel::State {
     return cuda::gemm_dense(w.dense, in, n, out, prefill.gemm, stream.get());
   }
 
+  // True when layer w's MLP at n tokens runs through gemm_gptq_group with its element-wise steps fused into
+  // the stagings (CudaModelOptions::fused_prefill_inputs): GPTQ gate/up/down whose plans are one launch of the
+  // fused kernel each (not dequantize + cuBLAS or the fp16 copies, which long chunks take).
+  bool fused_mlp_inputs(const DeviceLayer& w, int64_t n) {
+    if (!options.fused_prefill_inputs || (prefill.batch && n <= cuda::kMaxGemvTokens && options.batch_prefill_gate_up)) {
+      return false;
+    }
+    if (!w.gate_proj.gptq || !w.up_proj.gptq || !w.down_proj.gptq) return false;
+    const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), nullptr}, {&w.up_proj.quantized.view(), nullptr}};
+    const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), nullptr}};
+    return cuda::gemm_gptq_group_applies(gate_up, n, prefill.gemm) && cuda::gemm_gptq_group_applies(down, n, prefill.gemm);
+  }
+
+  // True when layer w's q/k/v at n tokens run as one fused-GEMM launch with the input RMSNorm in its staging
+  // (CudaModelOptions::prefill_qkv_gemm).
+  bool fused_qkv_inputs(const DeviceLayer& w, int64_t n) {
+    if (!options.fused_prefill_inputs || !options.prefill_qkv_gemm) return false;
+    if (!w.q_proj.gptq || !w.k_proj.gptq || !w.v_proj.gptq) return false;
+    const cuda::GemvGroupMember qkv[] = {
+        {&w.q_proj.quantized.view(), nullptr}, {&w.k_proj.quantized.view(), nullptr}, {&w.v_proj.quantized.view(), nullptr}};
+    return cuda::gemm_gptq_group_applies(qkv, n, prefill.gemm);
+  }
+
   // The prompt processor's layers for n tokens (ids already in prefill.tokens) at positions start ..
   // start + n - 1, up to the final RMSNorm into prefill.normed. The order of enqueue_step, with every
   // activation n rows tall and the linears as GEMMs, or for short chunks (batch_prefill) q/k/v and o as batch
@@ -448,17 +475,32 @@ struct CudaModel::State {
       const DeviceLayer& w = layers[l];
       uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
       uint16_t* layer_values = values.as<uint16_t>() + l * kv_layer_elements();
-      PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, l == 0 ? nullptr : proj_rows, n, c.hidden_size, w.input_norm.weight, eps,
-                                            normed_rows, s, overlap && l > 0));
-      if (batch) {
-        const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), p.q.as<float>()},
-                                             {&w.k_proj.quantized.view(), p.k.as<float>()},
-                                             {&w.v_proj.quantized.view(), p.v.as<float>()}};
-        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(qkv, normed_rows, n, p.gemv, s, gemv));
+      const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), p.q.as<float>()},
+                                           {&w.k_proj.quantized.view(), p.k.as<float>()},
+                                           {&w.v_proj.quantized.view(), p.v.as<float>()}};
+      const bool qkv_gemm = fused_qkv_inputs(w, n);
+      if (qkv_gemm) {  // one GEMM launch, the input RMSNorm and residual add in its staging
+        cuda::GemmOptions gemm;
+        gemm.overlap_previous = overlap && l > 0;
+        cuda::GemmInputFusion norm;
+        norm.input = cuda::GemvInput::kRmsNorm;
+        norm.norm_weight = w.input_norm.weight;
+        norm.norm_eps = eps;
+        if (l > 0) {
+          norm.residual = proj_rows;
+          norm.residual_sum = x_rows;
+        }
+        PETREL_RETURN_IF_ERROR(cuda::gemm_gptq_group(qkv, x_rows, n, p.gemm, s, gemm, norm));
       } else {
-        PETREL_RETURN_IF_ERROR(prefill_linear(w.q_proj, normed_rows, n, p.q.as<float>()));
-        PETREL_RETURN_IF_ERROR(prefill_linear(w.k_proj, normed_rows, n, p.k.as<float>()));
-        PETREL_RETURN_IF_ERROR(prefill_linear(w.v_proj, normed_rows, n, p.v.as<float>()));
+        PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, l == 0 ? nullptr : proj_rows, n, c.hidden_size, w.input_norm.weight,
+                                              eps, normed_rows, s, overlap && l > 0));
+        if (batch) {
+          PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(qkv, normed_rows, n, p.gemv, s, gemv));
+        } else {
+          PETREL_RETURN_IF_ERROR(prefill_linear(w.q_proj, normed_rows, n, p.q.as<float>()));
+          PETREL_RETURN_IF_ERROR(prefill_linear(w.k_proj, normed_rows, n, p.k.as<float>()));
+          PETREL_RETURN_IF_ERROR(prefill_linear(w.v_proj, normed_rows, n, p.v.as<float>()));
+        }
       }
       PETREL_RETURN_IF_ERROR(cuda::rope_store_kv_rows(p.q.as<float>(), p.k.as<float>(), p.v.as<float>(), n, start, rope,
                                                       inv_freq.as<float>(), layer_keys, layer_values, s, overlap));
@@ -477,18 +519,34 @@ struct CudaModel::State {
       } else {
         PETREL_RETURN_IF_ERROR(prefill_linear(w.o_proj, p.attn.as<float>(), n, proj_rows));
       }
+      const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), p.gate.as<float>()},
+                                               {&w.up_proj.quantized.view(), p.up.as<float>()}};
+      const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), proj_rows}};
+      if (fused_mlp_inputs(w, n)) {  // the post-attention norm and SiLU*up inside the GEMMs' staging launches
+        cuda::GemmOptions gemm;
+        gemm.overlap_previous = overlap;
+        cuda::GemmInputFusion norm;
+        norm.input = cuda::GemvInput::kRmsNorm;
+        norm.norm_weight = w.post_attn_norm.weight;
+        norm.norm_eps = eps;
+        norm.residual = proj_rows;
+        norm.residual_sum = x_rows;
+        PETREL_RETURN_IF_ERROR(cuda::gemm_gptq_group(gate_up, x_rows, n, p.gemm, s, gemm, norm));
+        cuda::GemmInputFusion silu;
+        silu.input = cuda::GemvInput::kSiluMul;
+        silu.up = p.up.as<float>();
+        PETREL_RETURN_IF_ERROR(cuda::gemm_gptq_group(down, p.gate.as<float>(), n, p.gemm, s, gemm, silu));
+        continue;
+      }
       PETREL_RETURN_IF_ERROR(
           cuda::rms_norm(x_rows, proj_rows, n, c.hidden_size, w.post_attn_norm.weight, eps, normed_rows, s, overlap));
       if (batch && options.batch_prefill_gate_up) {
-        const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), p.gate.as<float>()},
-                                                 {&w.up_proj.quantized.view(), p.up.as<float>()}};
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_batch(gate_up, normed_rows, n, p.gemv, s, gemv));
       } else {
         PETREL_RETURN_IF_ERROR(prefill_linear(w.gate_proj, normed_rows, n, p.gate.as<float>()));
         PETREL_RETURN_IF_ERROR(prefill_linear(w.up_proj, normed_rows, n, p.up.as<float>()));
       }
       if (batch && options.batch_prefill_down) {
-        const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), proj_rows}};
         cuda::GemvFusion silu;
         silu.input = cuda::GemvInput::kSiluMul;
         silu.up = p.up.as<float>();
@@ -513,7 +571,9 @@ struct CudaModel::State {
 
   // n tokens (n <= prefill.chunk) through the prompt processor at `position`; appends to `logits` the last
   // row's (all == false) or every row's (all == true) logits when `logits` is not null.
-  Status prefill_chunk(const int32_t* tokens, int64_t n, bool all, std::vector<float>* logits) {
+  // With top_k > 0 (and no logits), the last row's top_k largest logits go to *top instead (last_top).
+  Status prefill_chunk(const int32_t* tokens, int64_t n, bool all, std::vector<float>* logits, int top_k = 0,
+                       TopLogits* top = nullptr) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
     Prefill& p = prefill;
@@ -530,10 +590,15 @@ struct CudaModel::State {
       const size_t old = logits->size();
       logits->resize(old + static_cast<size_t>(n) * c.vocab_size);
       PETREL_RETURN_IF_ERROR(cuda::copy_to_host(logits->data() + old, p.logits.data(), n * row_bytes, s));
-    } else if (logits) {
+    } else if (logits || top_k > 0) {
       // The last row through the token generator's LM head (one GEMV instead of a GEMM of n rows).
       PETREL_RETURN_IF_ERROR(cuda::copy_on_device(normed.data(), p.normed.as<float>() + (n - 1) * c.hidden_size,
                                                   static_cast<size_t>(c.hidden_size) * 4, s));
+      if (!logits) {
+        PETREL_RETURN_IF_ERROR(last_top(top_k, top));
+        position += n;
+        return ok_status();
+      }
       PETREL_RETURN_IF_ERROR(linear(lm_head, normed, this->logits));
       PETREL_RETURN_IF_ERROR(cuda::copy_to_host(host_logits.data(), this->logits.data(), row_bytes, s));
     }
@@ -545,6 +610,30 @@ struct CudaModel::State {
     }
     position += n;
     return ok_status();
+  }
+
+  // The LM head on `normed` (the last token's final hidden state), its top_k largest logits chosen on the GPU
+  // (cuda::top_k_logits) and only those copied back; synchronizes. When the kernel cannot choose (a NaN in the
+  // logits), every logit is copied instead (TopLogits::all).
+  Status last_top(int top_k, TopLogits* top) {
+    const cuda::Stream s = stream.get();
+    PETREL_RETURN_IF_ERROR(linear(lm_head, normed, logits));
+    auto* result = static_cast<cuda::TopKResult*>(top_device.data());
+    PETREL_RETURN_IF_ERROR(cuda::top_k_logits(logits.as<float>(), config.vocab_size, top_k, result, s));
+    PETREL_RETURN_IF_ERROR(cuda::copy_to_host(top_host.data(), result, sizeof(cuda::TopKResult), s));
+    PETREL_RETURN_IF_ERROR(with_context(stream.synchronize(), "the CUDA LM head and top-k"));
+    const auto* answer = static_cast<const cuda::TopKResult*>(top_host.data());
+    top->all.clear();
+    if (answer->count == top_k) {
+      top->values.assign(answer->values, answer->values + top_k);
+      top->ids.assign(answer->ids, answer->ids + top_k);
+      return ok_status();
+    }
+    top->values.clear();
+    top->ids.clear();
+    top->all.resize(config.vocab_size);
+    PETREL_RETURN_IF_ERROR(cuda::copy_to_host(top->all.data(), logits.data(), static_cast<size_t>(config.vocab_size) * 4, s));
+    return with_context(stream.synchronize(), "copying the logits");
   }
 
   Status run_step() {
@@ -717,6 +806,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     PETREL_RETURN_IF_ERROR(s.attention_counters.fill_bytes(0));
   }
   PETREL_ASSIGN_OR_RETURN(s.host_logits, cuda::PinnedBuffer::allocate(static_cast<size_t>(c.vocab_size) * 4));
+  PETREL_ASSIGN_OR_RETURN(s.top_device, cuda::DeviceBuffer::allocate(sizeof(cuda::TopKResult)));
+  PETREL_ASSIGN_OR_RETURN(s.top_host, cuda::PinnedBuffer::allocate(sizeof(cuda::TopKResult)));
   if (options.prefill_chunk > 1) {
     State::Prefill& p = s.prefill;
     p.chunk = std::min(options.prefill_chunk, s.options.context_length);
@@ -749,9 +840,11 @@ Status CudaModel::warm_up() {
   State& s = *state_;
   std::vector<float> logits;
   if (s.prefill.chunk > 1) {
-    // One prompt per family of GEMM plans (token tiles 8 to 64 with 4 or 8 warps in the fused kernel up to
-    // 160 tokens, dequantize + cuBLAS beyond), as long as the chunk and the context allow.
-    for (int64_t n : {8, 24, 48, 96, 160, 512}) {
+    // One prompt per kernel family: the batch GEMV's 1 to 4 n-tiles of 8 tokens (8, 16, 24, 32: a 29-token
+    // chat turn runs the 4-tile kernels, which a first query would otherwise load in its time to first token),
+    // the GEMM's token tiles 8 to 64 with 4 or 8 warps up to 160 tokens, dequantize + cuBLAS beyond; as long
+    // as the chunk and the context allow.
+    for (int64_t n : {8, 16, 24, 32, 48, 96, 160, 512}) {
       const int64_t m = std::min({n, s.prefill.chunk, s.options.context_length});
       if (m < 2) break;
       const std::vector<int32_t> zeros(static_cast<size_t>(m), 0);
@@ -761,11 +854,14 @@ Status CudaModel::warm_up() {
     }
   }
   PETREL_RETURN_IF_ERROR(decode(0, &logits));
+  TopLogits top;  // and the top-k kernel's first launch
+  PETREL_RETURN_IF_ERROR(decode_top(0, 1, &top));
   reset();
   return ok_status();
 }
 
-Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
+// The checks of one decode step, its input and its launch (the step graph), without waiting for it.
+Status CudaModel::start_decode(int32_t token) {
   State& s = *state_;
   const LlamaConfig& c = s.config;
   if (token < 0 || token >= c.vocab_size) {
@@ -779,7 +875,13 @@ Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
   // Pageable source: cudaMemcpyAsync stages it before returning, so the host array may go away at once.
   const int32_t input[2] = {token, static_cast<int32_t>(s.position)};
   PETREL_RETURN_IF_ERROR(cuda::copy_to_device(s.step_input.data(), input, sizeof input, s.stream.get()));
-  PETREL_RETURN_IF_ERROR(s.run_step());
+  return s.run_step();
+}
+
+Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
+  State& s = *state_;
+  const LlamaConfig& c = s.config;
+  PETREL_RETURN_IF_ERROR(start_decode(token));
   if (logits) {
     PETREL_RETURN_IF_ERROR(s.linear(s.lm_head, s.normed, s.logits));
     PETREL_RETURN_IF_ERROR(cuda::copy_to_host(s.host_logits.data(), s.logits.data(), static_cast<size_t>(c.vocab_size) * 4,
@@ -794,11 +896,43 @@ Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
   return ok_status();
 }
 
+int CudaModel::max_top_k(const LlamaConfig& config) {
+  return config.vocab_size <= cuda::kMaxDeviceTopKValues ? cuda::kMaxDeviceTopK : 0;
+}
+
+Status CudaModel::check_top_request(int k, const TopLogits* top) const {
+  if (!top) return invalid_argument("top-k logits wanted but no output");
+  const int most = max_top_k(state_->config);
+  if (k < 1 || k > most || k > state_->config.vocab_size) {
+    return invalid_argument("top-k logits: k " + std::to_string(k) + " outside 1 .. " + std::to_string(most) +
+                            " for a vocabulary of " + std::to_string(state_->config.vocab_size));
+  }
+  return ok_status();
+}
+
+Status CudaModel::decode_top(int32_t token, int k, TopLogits* top) {
+  PETREL_RETURN_IF_ERROR(check_top_request(k, top));
+  PETREL_RETURN_IF_ERROR(start_decode(token));
+  PETREL_RETURN_IF_ERROR(state_->last_top(k, top));
+  ++state_->position;
+  return ok_status();
+}
+
 Status CudaModel::forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits) {
+  if (mode != LogitsMode::kNone && !logits) return invalid_argument("forward: logits wanted but no output vector");
+  return run_forward(tokens, mode, logits, 0, nullptr);
+}
+
+Status CudaModel::forward_top(std::span<const int32_t> tokens, int k, TopLogits* top) {
+  PETREL_RETURN_IF_ERROR(check_top_request(k, top));
+  return run_forward(tokens, LogitsMode::kNone, nullptr, k, top);
+}
+
+Status CudaModel::run_forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits, int top_k,
+                              TopLogits* top) {
   const State& s = *state_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return invalid_argument("forward: no tokens");
-  if (mode != LogitsMode::kNone && !logits) return invalid_argument("forward: logits wanted but no output vector");
   if (n > s.options.context_length - s.position) {
     return out_of_range("Context Size was exceeded: " + std::to_string(s.position) + " positions used + " +
                         std::to_string(n) + " new tokens > context length " + std::to_string(s.options.context_length));
@@ -817,13 +951,18 @@ Status CudaModel::forward(std::span<const int32_t> tokens, LogitsMode mode, std:
       const int64_t take = m.prefill_tokens_at(m.position, n - done);
       const bool last = done + take == n;
       std::vector<float>* out = mode == LogitsMode::kAll || (mode == LogitsMode::kLast && last) ? logits : nullptr;
+      const int chunk_top = last ? top_k : 0;
       if (take == 1) {
         // A lone token (a prompt one longer than a multiple of the chunk) goes through the decode step.
         std::vector<float> step;
-        PETREL_RETURN_IF_ERROR(decode(tokens[done], out ? &step : nullptr));
+        if (chunk_top > 0) {
+          PETREL_RETURN_IF_ERROR(decode_top(tokens[done], chunk_top, top));
+        } else {
+          PETREL_RETURN_IF_ERROR(decode(tokens[done], out ? &step : nullptr));
+        }
         if (out) out->insert(out->end(), step.begin(), step.end());
       } else {
-        PETREL_RETURN_IF_ERROR(m.prefill_chunk(tokens.data() + done, take, mode == LogitsMode::kAll, out));
+        PETREL_RETURN_IF_ERROR(m.prefill_chunk(tokens.data() + done, take, mode == LogitsMode::kAll, out, chunk_top, top));
       }
       done += take;
     }
@@ -831,6 +970,7 @@ Status CudaModel::forward(std::span<const int32_t> tokens, LogitsMode mode, std:
   }
   std::vector<float> step;
   for (int64_t i = 0; i < n; ++i) {
+    if (top_k > 0 && i == n - 1) return decode_top(tokens[i], top_k, top);
     const bool want = mode == LogitsMode::kAll || (mode == LogitsMode::kLast && i == n - 1);
     PETREL_RETURN_IF_ERROR(decode(tokens[i], want ? &step : nullptr));
     if (want) logits->insert(logits->end(), step.begin(), step.end());

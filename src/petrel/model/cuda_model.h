@@ -81,6 +81,17 @@ struct CudaModelOptions {
   // few tiles and many splits (gemv_gptq.cu).
   bool batch_prefill_gate_up = false;
   bool batch_prefill_down = false;
+  // The prompt processor's MLP, where its linears run the fused GEMM (up to 160 tokens; cuda::gemm_gptq_group):
+  // the post-attention RMSNorm (with its residual add) rides in the staging of x for gate and up, staged once
+  // for both, gate and up are one product launch, and SiLU(gate) * up rides in down's staging: 5 launches
+  // instead of 8. 8B on an H200, 2026-12-03: prompt of 29 tokens 5.37 -> 5.09 ms per channel (5.92 -> 5.81 at
+  // group 128), 128 tokens 11.46 -> 11.00 ms (the one launch is what pays; docs/PERFORMANCE.md, session 7).
+  bool fused_prefill_inputs = true;
+  // With fused_prefill_inputs, q/k/v too: one fused-GEMM launch for the three (cuda::gemm_gptq_group) with the
+  // input RMSNorm and its residual add in the staging, instead of rms_norm + the batch GEMV (short chunks) or
+  // three GEMMs with their own stagings (up to 48 tokens, where the GEMM takes k and v). 29 tokens: 5.10 ->
+  // 4.83 ms per channel, 5.82 -> 5.48 at group 128 (same run as above).
+  bool prefill_qkv_gemm = true;
   // Run a few prompts and one decode step in create() (then forget them), so that the one-time costs of the
   // first launches (module loading, cuBLAS's kernel choice, the decode graph's capture) count in the init
   // time, not in the first query's time to first token.
@@ -138,10 +149,22 @@ class CudaModel {
   // space left before it runs anything.
   Status forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits);
 
+  // decode() and forward(kLast) with only the k largest logits of the (last) token coming back (TopLogits:
+  // values descending, ids ascending among equals, or every logit when the GPU could not choose, e.g. NaNs),
+  // chosen on the GPU (kernels/cuda/top_k.h): k pairs cross to the host instead of the vocabulary. What the
+  // sampler needs for greedy (k = 1) and top-k picks (Sampler::top_needed). 1 <= k <= max_top_k(config()).
+  Status decode_top(int32_t token, int k, TopLogits* top);
+  Status forward_top(std::span<const int32_t> tokens, int k, TopLogits* top);
+  static int max_top_k(const LlamaConfig& config);  // 0 when the vocabulary is too large for the kernel
+
  private:
   struct State;
   explicit CudaModel(std::unique_ptr<State> state);
   Status warm_up();
+  Status start_decode(int32_t token);
+  Status check_top_request(int k, const TopLogits* top) const;
+  Status run_forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits, int top_k,
+                     TopLogits* top);
   std::unique_ptr<State> state_;
 };
 

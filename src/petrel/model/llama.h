@@ -63,6 +63,15 @@ enum class LogitsMode {
   kAll,   // logits of every token: [n_tokens, vocab]
 };
 
+// The largest logits of one token, as a backend that can choose them itself returns them (CudaModel: k pairs
+// reach the host instead of the vocabulary): values descending, ids ascending among equal values. When it
+// could not choose (a NaN among the logits, say), `all` holds every logit instead and values/ids are empty.
+struct TopLogits {
+  std::vector<float> values;
+  std::vector<int32_t> ids;
+  std::vector<float> all;
+};
+
 // Called with named intermediate tensors ("layer3.attn_out", shape [n, dim]) when set; for comparing
 // against Hugging Face hidden states while debugging.
 using TensorObserver = std::function<void(const std::string& name, const float* data, int64_t rows, int64_t cols)>;

@@ -27,19 +27,31 @@ void CudaForward::truncate(int64_t n) { model_.truncate(n); }
 void CudaForward::reset() { model_.reset(); }
 
 Status CudaForward::prompt(std::span<const int32_t> tokens, int64_t, LogitsMode mode, std::vector<float>* logits) {
-  if (static_cast<int64_t>(tokens.size()) > remaining()) {
-    return out_of_range("Context Size was exceeded: " + std::to_string(position()) + " positions used + " +
-                        std::to_string(tokens.size()) + " new > context length " + std::to_string(context_length_));
-  }
-  return model_.forward(tokens, mode, logits);  // no batched prefill on the GPU yet: the step, token by token
+  PETREL_RETURN_IF_ERROR(check_room(static_cast<int64_t>(tokens.size())));
+  return model_.forward(tokens, mode, logits);  // the prompt processor in the model's own chunks
 }
 
 Status CudaForward::step(int32_t token, std::vector<float>* logits) {
-  if (remaining() < 1) {
-    return out_of_range("Context Size was exceeded: " + std::to_string(position()) + " positions used + 1 new > context length " +
-                        std::to_string(context_length_));
-  }
+  PETREL_RETURN_IF_ERROR(check_room(1));
   return model_.decode(token, logits);
+}
+
+int CudaForward::max_top_k() const { return CudaModel::max_top_k(model_.config()); }
+
+Status CudaForward::prompt_top(std::span<const int32_t> tokens, int64_t, int k, TopLogits* top) {
+  PETREL_RETURN_IF_ERROR(check_room(static_cast<int64_t>(tokens.size())));
+  return model_.forward_top(tokens, k, top);
+}
+
+Status CudaForward::step_top(int32_t token, int k, TopLogits* top) {
+  PETREL_RETURN_IF_ERROR(check_room(1));
+  return model_.decode_top(token, k, top);
+}
+
+Status CudaForward::check_room(int64_t n) const {
+  if (n <= remaining()) return ok_status();
+  return out_of_range("Context Size was exceeded: " + std::to_string(position()) + " positions used + " + std::to_string(n) +
+                      " new > context length " + std::to_string(context_length_));
 }
 
 Result<Continuation> continue_generation(const LlamaModel& model, KvCache& cache, std::vector<int32_t>& history,
@@ -55,11 +67,24 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
   using clock = std::chrono::steady_clock;
   if (new_tokens.empty()) return invalid_argument("generate: no new tokens");
   Continuation result;
-  std::vector<float> logits;
-  const auto t0 = clock::now();
-  PETREL_RETURN_IF_ERROR(forward.prompt(new_tokens, options.prompt_chunk_size, LogitsMode::kLast, &logits));
-  history.insert(history.end(), new_tokens.begin(), new_tokens.end());
   Sampler sampler(options.sampler);
+  // When the sampler needs only the k largest logits and the backend can pick them (the GPU), only those reach
+  // the host: on an H200 with Llama 3's 128K vocabulary that saves ~0.1 ms a token of copying and scanning.
+  const int32_t k = sampler.top_needed(static_cast<int32_t>(forward.config().vocab_size));
+  const bool top_only = k > 0 && k <= forward.max_top_k();
+  std::vector<float> logits;
+  TopLogits top;
+  auto pick = [&] {
+    if (!top_only) return sampler.sample(logits, history);
+    return top.all.empty() ? sampler.sample_top(top.values, top.ids) : sampler.sample(top.all, history);
+  };
+  const auto t0 = clock::now();
+  if (top_only) {
+    PETREL_RETURN_IF_ERROR(forward.prompt_top(new_tokens, options.prompt_chunk_size, k, &top));
+  } else {
+    PETREL_RETURN_IF_ERROR(forward.prompt(new_tokens, options.prompt_chunk_size, LogitsMode::kLast, &logits));
+  }
+  history.insert(history.end(), new_tokens.begin(), new_tokens.end());
   auto t_first = clock::now();
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     if (step > 0) {
@@ -71,10 +96,14 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
         result.reason = StopReason::kContextFull;
         break;
       }
-      PETREL_RETURN_IF_ERROR(forward.step(result.tokens.back(), &logits));
+      if (top_only) {
+        PETREL_RETURN_IF_ERROR(forward.step_top(result.tokens.back(), k, &top));
+      } else {
+        PETREL_RETURN_IF_ERROR(forward.step(result.tokens.back(), &logits));
+      }
       history.push_back(result.tokens.back());
     }
-    const int32_t token = sampler.sample(logits, history);
+    const int32_t token = pick();
     if (step == 0) t_first = clock::now();
     result.tokens.push_back(token);
     if (on_token && !on_token(token)) {

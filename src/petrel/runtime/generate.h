@@ -31,6 +31,11 @@ class ForwardPass {
   virtual Status prompt(std::span<const int32_t> tokens, int64_t chunk_size, LogitsMode mode, std::vector<float>* logits) = 0;
   // The token generator: one token, its logits.
   virtual Status step(int32_t token, std::vector<float>* logits) = 0;
+  // The same two with only the k largest logits of the last token (TopLogits), for backends that choose them
+  // themselves: k up to max_top_k() (0: not offered, and these are not called).
+  virtual int max_top_k() const { return 0; }
+  virtual Status prompt_top(std::span<const int32_t>, int64_t, int, TopLogits*) { return unsupported("prompt_top"); }
+  virtual Status step_top(int32_t, int, TopLogits*) { return unsupported("step_top"); }
   virtual void truncate(int64_t n) = 0;  // forget positions >= n
   virtual void reset() = 0;
 };
@@ -66,10 +71,15 @@ class CudaForward final : public ForwardPass {
   int64_t context_length() const override { return context_length_; }
   Status prompt(std::span<const int32_t> tokens, int64_t chunk_size, LogitsMode mode, std::vector<float>* logits) override;
   Status step(int32_t token, std::vector<float>* logits) override;
+  int max_top_k() const override;  // cuda::kMaxDeviceTopK for vocabularies the kernel takes
+  Status prompt_top(std::span<const int32_t> tokens, int64_t chunk_size, int k, TopLogits* top) override;
+  Status step_top(int32_t token, int k, TopLogits* top) override;
   void truncate(int64_t n) override;
   void reset() override;
 
  private:
+  Status check_room(int64_t n) const;  // kOutOfRange unless n more positions fit
+
   CudaModel& model_;
   int64_t context_length_;
 };

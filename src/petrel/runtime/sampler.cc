@@ -107,7 +107,26 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   std::sort(candidates_.begin(), candidates_.end(), by_logit_desc);
   if (top_k) candidates_.resize(config_.top_k);
+  return draw();
+}
 
+int32_t Sampler::top_needed(int32_t vocab) const {
+  const bool penalize = config_.repetition_penalty != 1.0f || config_.presence_penalty != 0.0f ||
+                        config_.frequency_penalty != 0.0f;
+  if (penalize) return 0;
+  if (config_.is_greedy()) return 1;
+  return config_.top_k > 0 && config_.top_k < vocab ? config_.top_k : 0;
+}
+
+int32_t Sampler::sample_top(std::span<const float> values, std::span<const int32_t> ids) {
+  if (values.empty() || values.size() != ids.size()) return 0;
+  if (config_.is_greedy()) return ids[0];  // the largest, the lowest id among equals: argmax's pick
+  candidates_.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) candidates_[i] = {values[i], ids[i]};
+  return draw();
+}
+
+int32_t Sampler::draw() {
   // 3. top-p on the temperature-1 distribution of the survivors.
   if (config_.top_p < 1.0f) {
     const float max_logit = candidates_.front().first;

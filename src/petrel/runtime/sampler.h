@@ -40,6 +40,15 @@ class Sampler {
 
   // Picks the next token from logits[vocab]; `history` holds the tokens so far (prompt and output).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // How many of the largest logits sample() needs when they are all it looks at: 1 when greedy, top_k when
+  // top-k is on (0 < top_k < vocab); 0 when it needs every logit (penalties change logits by id; top-p alone
+  // may keep any number). A backend that can pick them itself (the GPU) then sends only those.
+  int32_t top_needed(int32_t vocab) const;
+  // The pick sample() makes from the top_needed(vocab) largest logits alone: values descending, ids ascending
+  // among equal values (the order of sample()'s own sort; cuda::top_k_logits gives them so), the same draw
+  // from the same random state.
+  int32_t sample_top(std::span<const float> values, std::span<const int32_t> ids);
   const SamplerConfig& config() const { return config_; }
   uint64_t seed() const { return seed_; }
 
@@ -50,6 +59,8 @@ class Sampler {
   std::vector<float> adjusted_;                        // the logits after penalties, reused between calls
   std::vector<float> block_max_;                       // top-k's per-block maxima, reused between calls
   std::vector<std::pair<float, int32_t>> candidates_;  // (logit, id) survivors, reused between calls
+
+  int32_t draw();  // top-p, temperature and the draw over candidates_ (sorted, cut to top-k)
 };
 
 // Index of the largest value, the lowest index on ties (as torch.argmax).

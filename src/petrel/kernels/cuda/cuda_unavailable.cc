@@ -12,6 +12,7 @@
 #include "petrel/kernels/cuda/gptq.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
+#include "petrel/kernels/cuda/top_k.h"
 #include "petrel/kernels/cuda/stream.h"
 
 namespace petrel::cuda {
@@ -143,8 +144,16 @@ Status GemmWorkspace::bind_blas(Stream) { return not_built(); }
 Status gemm_gptq(const DeviceGptqMatrix&, const float*, int64_t, float*, GemmWorkspace&, Stream, const GemmOptions&) {
   return not_built();
 }
+Status gemm_gptq_group(std::span<const GemvGroupMember>, const float*, int64_t, GemmWorkspace&, Stream, const GemmOptions&,
+                       const GemmInputFusion&) {
+  return not_built();
+}
+bool gemm_gptq_group_applies(std::span<const GemvGroupMember>, int64_t, const GemmWorkspace&, const GemmOptions&) {
+  return false;
+}
 Status gemm_dense(const DeviceDenseMatrix&, const float*, int64_t, float*, GemmWorkspace&, Stream) { return not_built(); }
 Status convert_floats(const float*, int64_t, DType, void*, Stream) { return not_built(); }
+Status top_k_logits(const float*, int64_t, int, TopKResult*, Stream) { return not_built(); }
 Status dequantize_gptq(const DeviceGptqMatrix&, void*, Stream) { return not_built(); }
 
 }  // namespace petrel::cuda

@@ -5,6 +5,7 @@
 // the residual adds are fused into RMSNorm (norm.cu), so add_in_place serves other callers and the tests.
 #include <cuda_runtime.h>
 
+#include "petrel/kernels/cuda/activation.cuh"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
 #include "petrel/kernels/cuda/elementwise.h"
@@ -31,8 +32,7 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, f
   wait_for_previous_kernel();
   const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
   if (i >= n) return;
-  const float g = gate[i];
-  out[i] = g / (1.0f + expf(-g)) * up[i];
+  out[i] = silu_mul_value(gate[i], up[i]);
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {

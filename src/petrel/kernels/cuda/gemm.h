@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "petrel/kernels/cuda/blas.h"
 #include "petrel/kernels/cuda/device.h"
@@ -81,6 +82,10 @@ struct GemmOptions {
   // The fused kernel's launches (x staging, product) overlap the kernel before each on the stream (programmatic
   // dependent launch; each waits for it before it reads or writes anything). The dequant + cuBLAS path ignores it.
   bool overlap_previous = false;
+  // gemm_gptq_group: the members' products in ONE launch, their row blocks side by side in one grid planned as
+  // one matrix of all their rows (more blocks to spread over the SMs at small m, one launch and one tail instead
+  // of several), where each member but the last has whole row blocks of the plan and all share a group size.
+  bool one_launch = true;
 };
 
 // How gemm_gptq cuts one product (exposed for the tests and the benchmark).
@@ -140,6 +145,36 @@ Result<GemmPlan> plan_gemm_gptq(const DeviceGptqMatrix& w, int64_t m, int multip
 // launch on each device, so make one call before capturing).
 Status gemm_gptq(const DeviceGptqMatrix& w, const float* x, int64_t m, float* y, GemmWorkspace& workspace,
                  Stream stream = nullptr, const GemmOptions& options = {});
+
+// What the fused kernel's x staging does to x on its way to fp16 (gemm_gptq_group): the prompt processor's
+// element-wise steps before a linear, fused into the staging launch the linear needs anyway.
+struct GemmInputFusion {
+  GemvInput input = GemvInput::kPlain;  // kPlain, kRmsNorm (cuda::rms_norm of each row) or kSiluMul
+  DeviceVector norm_weight;             // kRmsNorm: [cols], F32, F16 or BF16
+  float norm_eps = 0.0f;                // kRmsNorm
+  // kRmsNorm: when set, each row of x first becomes x + residual ([m, cols]), written to residual_sum (which
+  // may be x itself: the residual stream updated in place, as cuda::rms_norm does); both or neither.
+  const float* residual = nullptr;
+  float* residual_sum = nullptr;
+  const float* up = nullptr;  // kSiluMul: the input is ref::silu_mul(x, up), up [m, cols] 16-byte aligned
+};
+
+// y_i[m, W_i.rows] = op(x)[m, cols] dequant(W_i)^T for up to kMaxGemvGroupMembers matrices that read the same
+// input (gate and up), through the fused kernel: x is staged ONCE (op applied on the way: the post-attention
+// RMSNorm with its residual add for gate/up, SiLU(gate) * up for down) and each member is one product launch.
+// In the prompt processor's MLP this replaces rms_norm + 2 stagings (gate, up) and silu_mul + 1 staging (down)
+// by 2 staging launches, and gate and up share one product launch (GemmOptions::one_launch). Results are
+// bitwise those of the separate kernels (cuda::rms_norm or cuda::silu_mul, then gemm_gptq) with the same
+// tile, warps, splits and stages (one launch is planned as one matrix of all members: its planned splits may
+// differ from one member's, and so may the float32 sums' order). Members must agree on bits and cols. Only for products whose plans
+// are kTensorCore with all m tokens in one launch (gemm_gptq_group_applies; kUnsupported otherwise):
+// the caller keeps the separate kernels for the rest (dequant + cuBLAS at large m).
+Status gemm_gptq_group(std::span<const GemvGroupMember> members, const float* x, int64_t m, GemmWorkspace& workspace,
+                       Stream stream = nullptr, const GemmOptions& options = {}, const GemmInputFusion& fusion = {});
+
+// True when gemm_gptq_group takes these members and m (every plan kTensorCore, one launch for all tokens).
+bool gemm_gptq_group_applies(std::span<const GemvGroupMember> members, int64_t m, const GemmWorkspace& workspace,
+                             const GemmOptions& options = {});
 
 // y[m, w.rows] = x[m, w.cols] * w^T for a dense row-major w (nn.Linear's [out, in]) in F32, F16 or BF16;
 // any m >= 1. F16/BF16 stage x in that dtype in the workspace (m is cut into pieces that fit).

@@ -38,6 +38,14 @@
 // - x is staged once per call by a small kernel into the workspace as fp16 in fragment order ({x0,x4},
 //   {x1,x5},{x2,x6},{x3,x7} per 4-bit word, {x0,x2},{x1,x3} per 8-bit word), rows padded with zeros to whole
 //   chunks, so that a thread's B registers for one n-tile and step are one 16-byte shared-memory load.
+//   gemm_gptq_group stages once for several products of the same x (q/k/v, gate and up) and applies the prompt
+//   processor's element-wise step on the way: RMSNorm with its residual add (one block per token, rms_row.cuh's
+//   pass shared with norm.cu, so the staged values are rms_norm's bit for bit) or SiLU(gate) * up; and it runs
+//   the members as ONE product launch (FusedArgs::parts: each row block finds its matrix) planned as one matrix
+//   of all their rows, which at small m gives the grid enough blocks without splitting K as finely. A layer of
+//   a 29-token chunk: 4 launches for the linears' inputs and products of q/k/v and the MLP instead of 10, and
+//   5.37 -> 4.83 ms for the 8B prompt (docs/PERFORMANCE.md, session 7; the one launch is what paid, not the
+//   fewer element-wise launches, which measured the same alone).
 // - The block streams chunks of 8 steps (x of its tokens and the packed words of its rows) through shared
 //   memory with cp.async, 2 or 3 chunks in flight (GemmPlan::stages); rows of both are padded so that the
 //   lanes of one shared-memory phase hit distinct banks (GemmPlan::token_stride_bytes, weight_stride_bytes).
@@ -80,14 +88,19 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "petrel/kernels/cuda/activation.cuh"
 #include "petrel/kernels/cuda/blas_check.h"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/async_copy.cuh"
 #include "petrel/kernels/cuda/gemm.h"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
+#include "petrel/kernels/cuda/rms_row.cuh"
 
 namespace petrel::cuda {
 
@@ -117,27 +130,35 @@ __device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
 
 // ---- Staging x for the fused kernel.
 
-// out[t, w] = the fp16 fragment of packed word w of token t (zero for w >= words), [m, words_padded].
+// out[t, w] = the fp16 fragment of packed word w of token t (zero for w >= words), [m, words_padded]; of
+// ref::silu_mul(x, up) instead of x when up is not null (elementwise.cu's numerics).
 template <int kBits>
-__global__ void __launch_bounds__(256) stage_x_fragments(const float* x, int64_t m, int64_t cols, int64_t words,
-                                                         int64_t words_padded, void* out) {
+__global__ void __launch_bounds__(256) stage_x_fragments(const float* x, const float* up, int64_t m, int64_t cols,
+                                                         int64_t words, int64_t words_padded, void* out) {
   allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
   wait_for_previous_kernel();
   const int64_t total = m * words_padded;
   const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* up4 = reinterpret_cast<const float4*>(up);
+  // Four inputs, SiLU(x) * up applied when there is an up; activations of the previous kernel, read through L2.
+  auto load4 = [&](int64_t i) {
+    const float4 v = __ldcg(x4 + i);
+    if (!up) return v;
+    return silu_mul4(v, __ldcg(up4 + i));
+  };
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / words_padded, w = i % words_padded;
     if constexpr (kBits == 4) {
       uint4 frag = make_uint4(0, 0, 0, 0);
       if (w < words) {
-        const float4 lo = __ldg(x4 + t * cols / 4 + 2 * w), hi = __ldg(x4 + t * cols / 4 + 2 * w + 1);
+        const float4 lo = load4(t * cols / 4 + 2 * w), hi = load4(t * cols / 4 + 2 * w + 1);
         frag = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z), pack_half2(lo.w, hi.w));
       }
       static_cast<uint4*>(out)[i] = frag;
     } else {
       uint2 frag = make_uint2(0, 0);
       if (w < words) {
-        const float4 v = __ldg(x4 + t * cols / 4 + w);
+        const float4 v = load4(t * cols / 4 + w);
         frag = make_uint2(pack_half2(v.x, v.z), pack_half2(v.y, v.w));
       }
       static_cast<uint2*>(out)[i] = frag;
@@ -145,22 +166,66 @@ __global__ void __launch_bounds__(256) stage_x_fragments(const float* x, int64_t
   }
 }
 
+// The same fragments of cuda::rms_norm's output (x += residual first when residual is not null, into
+// residual_sum), one block per token with rms_norm's block size and rms_row.cuh's first pass, so the values
+// are rms_norm's bit for bit. Each thread writes its elements' halves where the fragment order puts them:
+// input p of a word (8 at 4 bits, 4 at 8) is half (p % h) * 2 + p / h of its fragment, h = inputs / 2.
+template <int kBits>
+__global__ void __launch_bounds__(kRmsRowMaxThreads)
+    stage_x_fragments_rms_norm(const float* x, const float* residual, float* residual_sum, int64_t cols,
+                               const void* weight, WeightType weight_type, float eps, int64_t words_padded, void* out) {
+  allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
+  wait_for_previous_kernel();
+  constexpr int kInputs = 32 / kBits, kHalf = kInputs / 2;
+  const int64_t t = blockIdx.x;
+  const float* xr = x + t * cols;
+  const float* rr = residual ? residual + t * cols : nullptr;
+  float* sr = residual ? residual_sum + t * cols : nullptr;
+  __half* row_out = static_cast<__half*>(out) + t * words_padded * kInputs;
+  auto put = [&](int64_t i, float value) {
+    const int p = static_cast<int>(i % kInputs);
+    row_out[i - p + (p % kHalf) * 2 + p / kHalf] = __float2half_rn(value);
+  };
+  float v[kRmsRowRegs], w[kRmsRowRegs];
+  const float inv_rms = rms_row_first_pass(xr, rr, sr, cols, weight, weight_type, eps, v, w);
+#pragma unroll
+  for (int j = 0; j < kRmsRowRegs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * blockDim.x;
+    if (i < cols) put(i, w[j] * (v[j] * inv_rms));
+  }
+  for (int64_t i = threadIdx.x + int64_t{kRmsRowRegs} * blockDim.x; i < cols; i += blockDim.x) {
+    put(i, rms_row_tail_value(xr, rr, sr, i, weight, weight_type, inv_rms));
+  }
+  for (int64_t i = cols + threadIdx.x; i < words_padded * kInputs; i += blockDim.x) row_out[i] = __float2half_rn(0.0f);
+}
+
 // ---- The fused kernel.
 
-struct FusedArgs {
+// One matrix of a launch and where its product goes.
+struct FusedPart {
   const int32_t* qweight;
   const uint16_t* scales;
   const int32_t* qzeros;
+  float* y;         // [m, rows]
+  float* partials;  // [k_splits, m, rows] when k_splits > 1
+  int64_t rows;
+  int zero_offset;
+};
+
+constexpr int kMaxFusedParts = kMaxGemvGroupMembers;
+
+struct FusedArgs {
+  // Row block (blockIdx.y) b computes the last part i < n_parts with first_row_block[i] <= b (gemm_gptq_group's
+  // one launch for several matrices of one input: q/k/v, gate/up; first_row_block[0] is 0).
+  FusedPart parts[kMaxFusedParts];
+  int first_row_block[kMaxFusedParts];
+  int n_parts;
   const uint8_t* x_staged;  // [m, words_padded] fragments
-  float* y;                 // [m, rows]
-  float* partials;          // [k_splits, m, rows] when k_splits > 1
   uint32_t* counters;       // [row blocks * token tiles], zero between launches
   int64_t m;                // tokens of this launch
-  int64_t rows;
   int64_t words;         // packed words along the input
   int64_t words_padded;  // x_staged's row length, whole chunks
   int64_t group_steps;   // steps per group (grouped matrices only)
-  int zero_offset;
   int k_splits;
   int steps_per_split;
   int total_steps;
@@ -168,7 +233,7 @@ struct FusedArgs {
 
 // Scales (4 fp16) and the zeros word of 4 consecutive rows in `group`; zeros when not `wanted`.
 template <int kBits>
-__device__ __forceinline__ void load_raw_params(const FusedArgs& a, int64_t group, int64_t row, bool wanted,
+__device__ __forceinline__ void load_raw_params(const FusedPart& a, int64_t group, int64_t row, bool wanted,
                                                 uint2& scales, uint32_t& zeros) {
   scales = make_uint2(0, 0);
   zeros = 0;
@@ -201,9 +266,18 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
   const int64_t token0 = int64_t{blockIdx.x} * kTokens;
-  const int64_t row_base = int64_t{blockIdx.y} * kRows;
+  FusedPart p = a.parts[0];  // selected with constant indices: no local-memory copy of the parameters
+  int part_block = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxFusedParts; ++i) {
+    if (i < a.n_parts && static_cast<int>(blockIdx.y) >= a.first_row_block[i]) {
+      p = a.parts[i];
+      part_block = a.first_row_block[i];
+    }
+  }
+  const int64_t row_base = int64_t{static_cast<int>(blockIdx.y) - part_block} * kRows;
   const int64_t row = row_base + warp * 32 + 4 * quad_row;  // this thread's 4 rows
-  const bool row_ok = row < a.rows;
+  const bool row_ok = row < p.rows;
   const int first_step = static_cast<int>(blockIdx.z) * a.steps_per_split;
   const int n_steps = min(a.steps_per_split, a.total_steps - first_step);
   const int n_chunks = (n_steps + kChunkSteps - 1) / kChunkSteps;
@@ -227,9 +301,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
         const int i = threadIdx.x + k * kThreads;
         const int word = i / kWPieces, piece = i % kWPieces;
         const int64_t r = row_base + 4 * piece;
-        const bool inside = word0 + word < a.words && r < a.rows;
+        const bool inside = word0 + word < a.words && r < p.rows;
         cp_async16_zero_fill(dst + kXBytes + word * kWordStride + piece * 16,
-                             inside ? a.qweight + (word0 + word) * a.rows + r : a.qweight, inside);
+                             inside ? p.qweight + (word0 + word) * p.rows + r : p.qweight, inside);
       }
     }
     cp_async_commit();  // an empty group past the last chunk keeps the wait counts uniform
@@ -242,9 +316,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
   int64_t steps_to_group = kGrouped ? a.group_steps - first_step % a.group_steps : 0;
   uint2 raw_scales, next_scales = make_uint2(0, 0);
   uint32_t raw_zeros, next_zeros = 0;
-  load_raw_params<kBits>(a, group, row, row_ok, raw_scales, raw_zeros);
+  load_raw_params<kBits>(p, group, row, row_ok, raw_scales, raw_zeros);
   if constexpr (kGrouped) {
-    load_raw_params<kBits>(a, group + 1, row, row_ok && steps_to_group < n_steps, next_scales, next_zeros);
+    load_raw_params<kBits>(p, group + 1, row, row_ok && steps_to_group < n_steps, next_scales, next_zeros);
   }
   uint32_t bias_low[4], bias_high[4], scale_pair[4];
   auto decode_params = [&] {
@@ -252,7 +326,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
     const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + a.zero_offset;
+      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + p.zero_offset;
       bias_low[r] = (0x6400u + zero) * 0x00010001u;         // {1024 + z} x2
       bias_high[r] = (0xD400u + 16u * zero) * 0x00010001u;  // {-(64 + z)} x2
       scale_pair[r] = ((packed[r / 2] >> (16 * (r % 2))) & 0xFFFFu) * 0x00010001u;  // {scale} x2
@@ -276,7 +350,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
         raw_zeros = next_zeros;
         decode_params();
         steps_to_group = a.group_steps;
-        load_raw_params<kBits>(a, group + 1, row, row_ok && s + steps_to_group < n_steps, next_scales, next_zeros);
+        load_raw_params<kBits>(p, group + 1, row, row_ok && s + steps_to_group < n_steps, next_scales, next_zeros);
       }
       --steps_to_group;
     }
@@ -364,7 +438,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
 
   // D of n-tile nt: acc[nt][p][j] (j = 0, 1) is row row + 2p, token nt * 8 + 2 quad_col + j; acc[nt][p][2 + j]
   // is row row + 2p + 1. So a thread writes 4 consecutive rows of 2 tokens, 16 bytes each.
-  float* out = a.k_splits == 1 ? a.y : a.partials + int64_t{blockIdx.z} * a.m * a.rows;
+  float* out = a.k_splits == 1 ? p.y : p.partials + int64_t{blockIdx.z} * a.m * p.rows;
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
 #pragma unroll
@@ -372,7 +446,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
       const int64_t t = token0 + nt * 8 + 2 * quad_col + j;
       if (row_ok && t < a.m) {
         const float4 v = make_float4(acc[nt][0][j], acc[nt][0][2 + j], acc[nt][1][j], acc[nt][1][2 + j]);
-        __stcg(reinterpret_cast<float4*>(out + t * a.rows + row), v);  // one 16-byte store
+        __stcg(reinterpret_cast<float4*>(out + t * p.rows + row), v);  // one 16-byte store
       }
     }
   }
@@ -391,16 +465,16 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_gptq_tensor_core(const Fused
   __syncthreads();
   if (!is_last_block) return;
   __threadfence();
-  const int64_t rows_here = min(int64_t{kRows}, a.rows - row_base) / 4;  // float4 columns
+  const int64_t rows_here = min(int64_t{kRows}, p.rows - row_base) / 4;  // float4 columns
   const int64_t tokens_here = min(int64_t{kTokens}, a.m - token0);
   for (int64_t i = threadIdx.x; i < rows_here * tokens_here; i += kThreads) {
     const int64_t t = token0 + i / rows_here, r = row_base + 4 * (i % rows_here);
     float4 sum = make_float4(0, 0, 0, 0);
     for (int s = 0; s < a.k_splits; ++s) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(a.partials + (s * a.m + t) * a.rows + r));
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partials + (s * a.m + t) * p.rows + r));
       sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
     }
-    __stcg(reinterpret_cast<float4*>(a.y + t * a.rows + r), sum);
+    __stcg(reinterpret_cast<float4*>(p.y + t * p.rows + r), sum);
   }
 }
 
@@ -518,49 +592,93 @@ Status dispatch_fused(const FusedArgs& args, int64_t token_tiles, const GemmPlan
                         std::to_string(plan.stages) + " stages");
 }
 
+// Where the fused kernel's staged x lives in the workspace's scratch (at its start; the split-K partials follow).
+struct StagedX {
+  int64_t words = 0;         // packed words along the input
+  int64_t words_padded = 0;  // a staged row: whole chunks
+  int64_t bytes = 0;         // for plan.m_chunk tokens, rounded up to 256
+};
+
+StagedX staged_x_layout(int bits, int64_t cols, int64_t m) {
+  StagedX l;
+  l.words = cols * bits / 32;
+  const int64_t chunk_words = int64_t{kChunkSteps} * kWordsPerStep;
+  l.words_padded = (l.words + chunk_words - 1) / chunk_words * chunk_words;
+  l.bytes = (m * l.words_padded * GemmPlan::fragment_bytes(bits) + 255) / 256 * 256;
+  return l;
+}
+
+// The staging launch for n tokens of x (op applied per `fusion`) into `out` (rows of l.words_padded words).
+Status stage_x(int bits, int64_t cols, const float* x, int64_t n, const GemmInputFusion& fusion, const StagedX& l,
+               void* out, int multiprocessors, Stream stream, bool overlap) {
+  cudaError_t error;
+  if (fusion.input == GemvInput::kRmsNorm) {
+    PETREL_ASSIGN_OR_RETURN(WeightType type, weight_type(fusion.norm_weight.dtype, "the staging's RMSNorm weight"));
+    error = launch_kernel(bits == 4 ? stage_x_fragments_rms_norm<4> : stage_x_fragments_rms_norm<8>,
+                          dim3(static_cast<unsigned>(n)), dim3(rms_row_threads(cols)), 0, stream, overlap, x,
+                          fusion.residual, fusion.residual_sum, cols, fusion.norm_weight.data, type, fusion.norm_eps,
+                          l.words_padded, out);
+  } else {
+    const float* up = fusion.input == GemvInput::kSiluMul ? fusion.up : nullptr;
+    const unsigned blocks = grid_for(n * l.words_padded, 256, multiprocessors);
+    error = launch_kernel(bits == 4 ? stage_x_fragments<4> : stage_x_fragments<8>, dim3(blocks), dim3(256), 0, stream,
+                          overlap, x, up, n, cols, l.words, l.words_padded, out);
+  }
+  return cuda_status(error, "staging x (" + std::to_string(bits) + "-bit fragments, " + std::to_string(n) + " x " +
+                                std::to_string(cols) + ")");
+}
+
+// The product launch for n tokens staged in the scratch: one matrix, or several side by side in one grid (their
+// row blocks one after the other; `plan` is then the plan of all as one matrix of their rows together), each
+// into its member's y [n, rows].
+Status launch_product(std::span<const GemvGroupMember> members, const StagedX& l, int64_t n, GemmWorkspace& workspace,
+                      GemmPlan plan, Stream stream, bool overlap) {
+  const DeviceGptqMatrix& w = *members[0].w;
+  const int64_t steps = (l.words + kWordsPerStep - 1) / kWordsPerStep;
+  uint8_t* scratch = static_cast<uint8_t*>(workspace.scratch());
+  const bool grouped = w.group_size != w.cols;
+  const int64_t block_rows = 32 * int64_t{plan.warps};
+  FusedArgs args{};
+  float* partials = reinterpret_cast<float*>(scratch + l.bytes);
+  plan.row_blocks = 0;
+  args.n_parts = static_cast<int>(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    const DeviceGptqMatrix& m = *members[i].w;
+    args.parts[i] = FusedPart{m.qweight, m.scales, m.qzeros, members[i].y, partials, m.rows, m.zero_offset};
+    args.first_row_block[i] = static_cast<int>(plan.row_blocks);
+    partials += int64_t{plan.k_splits} * n * m.rows;
+    plan.row_blocks += (m.rows + block_rows - 1) / block_rows;
+  }
+  args.x_staged = scratch;
+  args.counters = workspace.counters();
+  args.m = n;
+  args.words = l.words;
+  args.words_padded = l.words_padded;
+  args.group_steps = grouped ? w.group_size * w.bits / 32 / kWordsPerStep : 0;
+  args.k_splits = plan.k_splits;
+  args.steps_per_split = static_cast<int>(plan.steps_per_split);
+  args.total_steps = static_cast<int>(steps);
+  const int64_t token_tiles = (n + plan.token_tile - 1) / plan.token_tile;
+  Status launched;
+  if (w.bits == 4 && grouped) launched = dispatch_fused<4, true>(args, token_tiles, plan, stream, overlap);
+  else if (w.bits == 4) launched = dispatch_fused<4, false>(args, token_tiles, plan, stream, overlap);
+  else if (grouped) launched = dispatch_fused<8, true>(args, token_tiles, plan, stream, overlap);
+  else launched = dispatch_fused<8, false>(args, token_tiles, plan, stream, overlap);
+  PETREL_RETURN_IF_ERROR(launched);
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) return cuda_status(error, "gemm_gptq (tensor core) launch, " + describe(w, n));
+  return ok_status();
+}
+
 Status run_tensor_core(const DeviceGptqMatrix& w, const float* x, int64_t m, float* y, GemmWorkspace& workspace,
                        const GemmPlan& plan, Stream stream, bool overlap) {
-  const int64_t words = w.cols * w.bits / 32;
-  const int64_t steps = (words + kWordsPerStep - 1) / kWordsPerStep;
-  const int64_t chunk_words = int64_t{kChunkSteps} * kWordsPerStep;
-  const int64_t words_padded = (words + chunk_words - 1) / chunk_words * chunk_words;
-  uint8_t* scratch = static_cast<uint8_t*>(workspace.scratch());
-  const int64_t x_bytes = (plan.m_chunk * words_padded * GemmPlan::fragment_bytes(w.bits) + 255) / 256 * 256;
-  const bool grouped = w.group_size != w.cols;
-  FusedArgs args{w.qweight,
-                 w.scales,
-                 w.qzeros,
-                 scratch,
-                 nullptr,
-                 reinterpret_cast<float*>(scratch + x_bytes),
-                 workspace.counters(),
-                 0,
-                 w.rows,
-                 words,
-                 words_padded,
-                 grouped ? w.group_size * w.bits / 32 / kWordsPerStep : 0,
-                 w.zero_offset,
-                 plan.k_splits,
-                 static_cast<int>(plan.steps_per_split),
-                 static_cast<int>(steps)};
+  const StagedX l = staged_x_layout(w.bits, w.cols, plan.m_chunk);
   for (int64_t m0 = 0; m0 < m; m0 += plan.m_chunk) {
     const int64_t n = std::min(plan.m_chunk, m - m0);
-    const unsigned blocks = grid_for(n * words_padded, 256, workspace.multiprocessors());
-    const cudaError_t staged =
-        launch_kernel(w.bits == 4 ? stage_x_fragments<4> : stage_x_fragments<8>, dim3(blocks), dim3(256), 0, stream,
-                      overlap, x + m0 * w.cols, n, w.cols, words, words_padded, static_cast<void*>(scratch));
-    if (staged != cudaSuccess) return cuda_status(staged, "gemm_gptq: staging x, " + describe(w, m));
-    args.y = y + m0 * w.rows;
-    args.m = n;
-    const int64_t token_tiles = (n + plan.token_tile - 1) / plan.token_tile;
-    Status launched;
-    if (w.bits == 4 && grouped) launched = dispatch_fused<4, true>(args, token_tiles, plan, stream, overlap);
-    else if (w.bits == 4) launched = dispatch_fused<4, false>(args, token_tiles, plan, stream, overlap);
-    else if (grouped) launched = dispatch_fused<8, true>(args, token_tiles, plan, stream, overlap);
-    else launched = dispatch_fused<8, false>(args, token_tiles, plan, stream, overlap);
-    PETREL_RETURN_IF_ERROR(launched);
-    const cudaError_t error = cudaGetLastError();
-    if (error != cudaSuccess) return cuda_status(error, "gemm_gptq (tensor core) launch, " + describe(w, m));
+    PETREL_RETURN_IF_ERROR(stage_x(w.bits, w.cols, x + m0 * w.cols, n, GemmInputFusion{}, l, workspace.scratch(),
+                                   workspace.multiprocessors(), stream, overlap));
+    const GemvGroupMember member[] = {{&w, y + m0 * w.rows}};
+    PETREL_RETURN_IF_ERROR(launch_product(member, l, n, workspace, plan, stream, overlap));
   }
   return ok_status();
 }
@@ -616,19 +734,127 @@ Status dequantize_gptq(const DeviceGptqMatrix& w, void* out, Stream stream) {
   return cuda_status(cudaGetLastError(), "dequantize_gptq launch, " + describe(w, 0));
 }
 
+namespace {
+
+// Pointers, alignment and grid limits of one product (after plan_gemm_gptq accepted the shape).
+Status check_operands(const char* what, const DeviceGptqMatrix& w, const float* x, const float* y, int64_t m,
+                      const GemmPlan& plan, const GemmWorkspace& workspace) {
+  const std::string name(what);
+  if (!w.qweight || !w.scales || !w.qzeros || !x || !y) return invalid_argument(name + ": null device pointer");
+  if (!workspace.scratch()) return invalid_argument(name + ": the workspace was not created");
+  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  if ((address(w.qweight) | address(x) | address(y)) % 16 != 0 || address(w.scales) % 8 != 0) {
+    return invalid_argument(name + ": qweight, x and y must be 16-byte aligned and scales 8-byte aligned");
+  }
+  if (plan.row_blocks > 65535 || (w.rows + kDequantRows - 1) / kDequantRows > 65535 || w.cols > 0x7FFFFFFF) {
+    return unsupported(name + ": " + describe(w, m) + " exceeds the launch's grid or cuBLAS's int dimensions");
+  }
+  return ok_status();
+}
+
+// The fusion's operands for rows of `cols` inputs.
+Status check_fusion(const char* what, const GemmInputFusion& fusion, int64_t cols) {
+  const std::string name(what);
+  switch (fusion.input) {
+    case GemvInput::kPlain: break;
+    case GemvInput::kRmsNorm:
+      if (fusion.norm_weight.size != cols || !fusion.norm_weight.data) {
+        return invalid_argument(name + ": an RMSNorm weight of " + std::to_string(fusion.norm_weight.size) + " for " +
+                                std::to_string(cols) + " inputs");
+      }
+      if (!fusion.residual != !fusion.residual_sum) {
+        return invalid_argument(name + ": the residual and where its sum goes come together");
+      }
+      break;
+    case GemvInput::kSiluMul:
+      if (!fusion.up || reinterpret_cast<uintptr_t>(fusion.up) % 16 != 0) {
+        return invalid_argument(name + ": SiLU*up needs up, 16-byte aligned");
+      }
+      break;
+  }
+  return ok_status();
+}
+
+// The members' plans when gemm_gptq_group takes them, else why not.
+Result<std::vector<GemmPlan>> plan_group(std::span<const GemvGroupMember> members, int64_t m,
+                                         const GemmWorkspace& workspace, const GemmOptions& options) {
+  if (members.empty() || members.size() > static_cast<size_t>(kMaxGemvGroupMembers)) {
+    return invalid_argument("gemm_gptq_group: " + std::to_string(members.size()) + " members (1 to " +
+                            std::to_string(kMaxGemvGroupMembers) + ")");
+  }
+  std::vector<GemmPlan> plans;
+  for (const GemvGroupMember& member : members) {
+    if (!member.w) return invalid_argument("gemm_gptq_group: a member without a matrix");
+    const DeviceGptqMatrix& w = *member.w;
+    if (w.bits != members[0].w->bits || w.cols != members[0].w->cols) {
+      return invalid_argument("gemm_gptq_group: members read different inputs (" + describe(*members[0].w, m) +
+                              " and " + describe(w, m) + ")");
+    }
+    PETREL_ASSIGN_OR_RETURN(GemmPlan plan, plan_gemm_gptq(w, m, workspace.multiprocessors(), workspace.capacity(),
+                                                          workspace.counter_capacity(), options));
+    if (plan.algorithm != GemmAlgorithm::kTensorCore || plan.m_chunk != m) {
+      return unsupported("gemm_gptq_group: " + describe(w, m) +
+                         " is not one launch of the fused kernel (its plan: dequantize + cuBLAS, or the tokens in pieces)");
+    }
+    plans.push_back(plan);
+  }
+  return plans;
+}
+
+// The plan of several members as one launch (GemmOptions::one_launch): all as one matrix of their rows
+// together, when that is still one launch of the fused kernel, the members agree on the group size, and each
+// but the last has whole row blocks (so the plan's row blocks split between them); nullopt otherwise.
+Result<std::optional<GemmPlan>> plan_together(std::span<const GemvGroupMember> members, int64_t m,
+                                              const GemmWorkspace& workspace, const GemmOptions& options) {
+  DeviceGptqMatrix all = *members[0].w;
+  all.rows = 0;
+  for (const GemvGroupMember& member : members) {
+    if (member.w->group_size != all.group_size) return std::optional<GemmPlan>();
+    all.rows += member.w->rows;
+  }
+  PETREL_ASSIGN_OR_RETURN(GemmPlan plan, plan_gemm_gptq(all, m, workspace.multiprocessors(), workspace.capacity(),
+                                                        workspace.counter_capacity(), options));
+  if (plan.algorithm != GemmAlgorithm::kTensorCore || plan.m_chunk != m) return std::optional<GemmPlan>();
+  const int64_t block_rows = 32 * int64_t{plan.warps};
+  for (size_t i = 0; i + 1 < members.size(); ++i) {
+    if (members[i].w->rows % block_rows != 0) return std::optional<GemmPlan>();
+  }
+  return std::optional<GemmPlan>(plan);
+}
+
+}  // namespace
+
+bool gemm_gptq_group_applies(std::span<const GemvGroupMember> members, int64_t m, const GemmWorkspace& workspace,
+                             const GemmOptions& options) {
+  return plan_group(members, m, workspace, options).ok();
+}
+
+Status gemm_gptq_group(std::span<const GemvGroupMember> members, const float* x, int64_t m, GemmWorkspace& workspace,
+                       Stream stream, const GemmOptions& options, const GemmInputFusion& fusion) {
+  PETREL_ASSIGN_OR_RETURN(std::vector<GemmPlan> plans, plan_group(members, m, workspace, options));
+  for (size_t i = 0; i < members.size(); ++i) {
+    PETREL_RETURN_IF_ERROR(check_operands("gemm_gptq_group", *members[i].w, x, members[i].y, m, plans[i], workspace));
+  }
+  const DeviceGptqMatrix& first = *members[0].w;
+  PETREL_RETURN_IF_ERROR(check_fusion("gemm_gptq_group", fusion, first.cols));
+  const StagedX l = staged_x_layout(first.bits, first.cols, plans[0].m_chunk);  // every member's: same bits, cols, m
+  PETREL_RETURN_IF_ERROR(stage_x(first.bits, first.cols, x, m, fusion, l, workspace.scratch(), workspace.multiprocessors(),
+                                 stream, options.overlap_previous));
+  if (options.one_launch && members.size() > 1) {
+    PETREL_ASSIGN_OR_RETURN(std::optional<GemmPlan> together, plan_together(members, m, workspace, options));
+    if (together) return launch_product(members, l, m, workspace, *together, stream, options.overlap_previous);
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    PETREL_RETURN_IF_ERROR(launch_product(members.subspan(i, 1), l, m, workspace, plans[i], stream, options.overlap_previous));
+  }
+  return ok_status();
+}
+
 Status gemm_gptq(const DeviceGptqMatrix& w, const float* x, int64_t m, float* y, GemmWorkspace& workspace,
                  Stream stream, const GemmOptions& options) {
   PETREL_ASSIGN_OR_RETURN(GemmPlan plan, plan_gemm_gptq(w, m, workspace.multiprocessors(), workspace.capacity(),
                                                         workspace.counter_capacity(), options));
-  if (!w.qweight || !w.scales || !w.qzeros || !x || !y) return invalid_argument("gemm_gptq: null device pointer");
-  if (!workspace.scratch()) return invalid_argument("gemm_gptq: the workspace was not created");
-  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-  if ((address(w.qweight) | address(x) | address(y)) % 16 != 0 || address(w.scales) % 8 != 0) {
-    return invalid_argument("gemm_gptq: qweight, x and y must be 16-byte aligned and scales 8-byte aligned");
-  }
-  if (plan.row_blocks > 65535 || (w.rows + kDequantRows - 1) / kDequantRows > 65535 || w.cols > 0x7FFFFFFF) {
-    return unsupported("gemm_gptq: " + describe(w, m) + " exceeds the launch's grid or cuBLAS's int dimensions");
-  }
+  PETREL_RETURN_IF_ERROR(check_operands("gemm_gptq", w, x, y, m, plan, workspace));
   if (plan.algorithm == GemmAlgorithm::kTensorCore) {
     return run_tensor_core(w, x, m, y, workspace, plan, stream, options.overlap_previous);
   }

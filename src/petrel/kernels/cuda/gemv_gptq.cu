@@ -126,6 +126,7 @@
 
 #include <cstdint>
 
+#include "petrel/kernels/cuda/activation.cuh"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
 #include "petrel/kernels/cuda/gemv_gptq.h"
@@ -376,12 +377,6 @@ __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cach
     for (int k = 0; k < kThreads / 32; ++k) total += warp_sums[k];
     return 1.0f / sqrtf(total / static_cast<float>(a.cols) + a.norm_eps);
   }
-}
-
-// SiLU(gate) * up, element-wise (elementwise.cu's numerics).
-__device__ __forceinline__ float4 silu_mul4(float4 v, float4 u) {
-  return make_float4(v.x / (1.0f + expf(-v.x)) * u.x, v.y / (1.0f + expf(-v.y)) * u.y,
-                     v.z / (1.0f + expf(-v.z)) * u.z, v.w / (1.0f + expf(-v.w)) * u.w);
 }
 
 // Elements 4 i .. 4 i + 3 of the product's input, the fused op applied (numerics as norm.cu / elementwise.cu).
