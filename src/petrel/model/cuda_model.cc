@@ -854,8 +854,11 @@ Status CudaModel::warm_up() {
     }
   }
   PETREL_RETURN_IF_ERROR(decode(0, &logits));
-  TopLogits top;  // and the top-k kernel's first launch
-  PETREL_RETURN_IF_ERROR(decode_top(0, 1, &top));
+  if (max_top_k(s.config) > 0) {  // and the top-k kernel's first launch
+    TopLogits top;
+    reset();
+    PETREL_RETURN_IF_ERROR(decode_top(0, 1, &top));
+  }
   reset();
   return ok_status();
 }
