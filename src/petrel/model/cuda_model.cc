@@ -429,7 +429,8 @@ struct CudaModel::State {
   // the stagings (CudaModelOptions::fused_prefill_inputs): GPTQ gate/up/down whose plans are one launch of the
   // fused kernel each (not dequantize + cuBLAS or the fp16 copies, which long chunks take).
   bool fused_mlp_inputs(const DeviceLayer& w, int64_t n) {
-    if (!options.fused_prefill_inputs || (prefill.batch && n <= cuda::kMaxGemvTokens && options.batch_prefill_gate_up)) {
+    const bool batch_mlp = options.batch_prefill_gate_up || options.batch_prefill_down;  // asked for the batch GEMV
+    if (!options.fused_prefill_inputs || (prefill.batch && n <= cuda::kMaxGemvTokens && batch_mlp)) {
       return false;
     }
     if (!w.gate_proj.gptq || !w.up_proj.gptq || !w.down_proj.gptq) return false;
