@@ -73,7 +73,8 @@ struct CudaModelOptions {
   // (one grouped launch) and o through the batch GEMV (cuda::gemv_gptq_batch: the weights read once and
   // dequantized once for all tokens) instead of the GEMM, on checkpoints whose decoder linears are all 4-bit
   // GPTQ. 8B, 29 tokens, H200 (2026-12-03): prompt 6.42 -> 5.71 ms per channel, 6.66 -> 5.99 ms at group 128
-  // (then 5.41 / 5.66 with the prompt processor's kernels overlapping: overlap_kernels).
+  // (then 5.41 / 5.66 with the prompt processor's kernels overlapping: overlap_kernels). Since session 7 q/k/v
+  // take the grouped GEMM instead where prefill_qkv_gemm applies (below), so by default this is o's path.
   bool batch_prefill = true;
   // With batch_prefill, gate/up (one grouped launch) and down (SiLU*up fused into its staging) too. Off by
   // default: slower than the GEMM there (all three: 6.56 / 7.07 ms in the run above; gate/up alone 5.43 /

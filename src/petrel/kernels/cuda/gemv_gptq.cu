@@ -115,7 +115,10 @@
 // Measured at 29 tokens (docs/PERFORMANCE.md, session 6): faster than the GEMM for q/o (15.3 against 17.2 us)
 // and, grouped, q/k/v; slower for gate/up and down, where every row tile's blocks read all tokens' x from L2
 // as float32 (1.8x the weight bytes at 29 tokens) and down's 16 splits write partials of half the weight bytes.
-// Next: x staged once in fp16 fragment order (by the producer kernel), read with cp.async as the GEMM does.
+// Tried in session 7: x staged once in fp16 fragment order by a small kernel and copied with cp.async (all of a
+// block's slice in flight at once): no faster (q/k/v 34.0 against 34.4 us under Nsight Compute), so staging is
+// not where the time goes; the q/k/v of short prompts now run the GEMM as one grouped launch instead
+// (gemm.h's gemm_gptq_group, 5.10 -> 4.83 ms for the 8B prompt of 29 tokens), and only o uses this kernel there.
 //
 // Layout choice. The GPTQ layout is what this kernel wants: 16-byte loads, every byte of each 128-byte line
 // used, consecutive warps on consecutive lines, no repacking at load; the loads-only experiment above found
