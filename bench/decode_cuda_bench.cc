@@ -616,39 +616,38 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     if (o.prompt > 0) {
       std::vector<int32_t> tokens(o.prompt);
       for (int i = 0; i < o.prompt; ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 3) % c.vocab_size);
-      std::vector<double> times;
-      for (int rep = -1; rep < std::max(o.reps, 5); ++rep) {  // rep -1: the first prompt's one-time costs
-        (*gpu)->reset();
-        // The first timed prompt is bracketed for a profiler started with capture off (ncu --profile-from-start
-        // off: per-kernel times of one prompt; no effect otherwise).
-        if (rep == 0) cudaProfilerStart();
-        const auto start = std::chrono::steady_clock::now();
-        check((*gpu)->forward(tokens, LogitsMode::kLast, &logits), "prompt");
-        if (rep == 0) cudaProfilerStop();
-        if (rep >= 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
-      }
-      // The same through forward_top (the 40 largest logits chosen on the GPU, as `petrel run` samples with the
-      // export's top-k 40): the time to first token less the host sampler's few microseconds.
-      std::vector<double> top_times;
+      // One prompt from an empty cache, in ms; `profile`: bracketed for a profiler started with capture off (ncu
+      // --profile-from-start off: per-kernel times of one prompt; no effect otherwise).
       TopLogits top;
-      for (int rep = -1; rep < std::max(o.reps, 5); ++rep) {
+      auto prompt_once = [&](bool top_40, bool profile) {
         (*gpu)->reset();
+        if (profile) cudaProfilerStart();
         const auto start = std::chrono::steady_clock::now();
-        check((*gpu)->forward_top(tokens, 40, &top), "prompt (top-40)");
-        if (rep >= 0) top_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
-      }
+        check(top_40 ? (*gpu)->forward_top(tokens, 40, &top) : (*gpu)->forward(tokens, LogitsMode::kLast, &logits),
+              "prompt");
+        const double ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3;
+        if (profile) cudaProfilerStop();
+        return ms;
+      };
+      // Median of the reps after one untimed prompt (its one-time costs), through forward (kLast: every logit to
+      // the host) and through forward_top (the 40 largest chosen on the GPU, as `petrel run` samples with the
+      // export's top-k 40: the time to first token less the host sampler's few microseconds).
+      auto median_ms = [&](bool top_40) {
+        std::vector<double> times;
+        for (int rep = -1; rep < std::max(o.reps, 5); ++rep) {
+          const double ms = prompt_once(top_40, !top_40 && rep == 0);
+          if (rep >= 0) times.push_back(ms);
+        }
+        std::sort(times.begin(), times.end());
+        return times[times.size() / 2];
+      };
+      const double all_logits = median_ms(false), top_only = median_ms(true);
       // And once after half a second with the GPU idle, as `petrel run`'s one query follows the model's load
       // (its TTFT measured 0.14-0.21 ms above this bench's prompt figure in session 7).
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      (*gpu)->reset();
-      const auto idle_start = std::chrono::steady_clock::now();
-      check((*gpu)->forward_top(tokens, 40, &top), "prompt (top-40, after idle)");
-      const double after_idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - idle_start).count() * 1e3;
-      std::sort(times.begin(), times.end());
-      std::sort(top_times.begin(), top_times.end());
+      const double after_idle = prompt_once(true, false);
       char buf[96];
-      std::snprintf(buf, sizeof buf, "%.2f | %.2f | %.2f", times[times.size() / 2], top_times[top_times.size() / 2],
-                    after_idle);
+      std::snprintf(buf, sizeof buf, "%.2f | %.2f | %.2f", all_logits, top_only, after_idle);
       prompt_ms = buf;
     }
     std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %s |\n", variant.c_str(), o.n_gen, upload_s, mean,

@@ -449,6 +449,18 @@ struct CudaModel::State {
     return cuda::gemm_gptq_group_applies(qkv, n, prefill.gemm);
   }
 
+  // The staging fusion for an RMSNorm of the prompt processor's residual stream (prefill.x): cuda::rms_norm's
+  // x += residual (when `residual` is not null) and norm, done while the GEMM stages its input.
+  cuda::GemmInputFusion residual_norm(const DeviceNorm& norm, const float* residual) const {
+    cuda::GemmInputFusion f;
+    f.input = cuda::GemvInput::kRmsNorm;
+    f.norm_weight = norm.weight;
+    f.norm_eps = static_cast<float>(config.rms_norm_eps);
+    f.residual = residual;
+    f.residual_sum = residual ? prefill.x.as<float>() : nullptr;
+    return f;
+  }
+
   // The prompt processor's layers for n tokens (ids already in prefill.tokens) at positions start ..
   // start + n - 1, up to the final RMSNorm into prefill.normed. The order of enqueue_step, with every
   // activation n rows tall and the linears as GEMMs, or for short chunks (batch_prefill) q/k/v and o as batch
@@ -483,15 +495,8 @@ struct CudaModel::State {
       if (qkv_gemm) {  // one GEMM launch, the input RMSNorm and residual add in its staging
         cuda::GemmOptions gemm;
         gemm.overlap_previous = overlap && l > 0;
-        cuda::GemmInputFusion norm;
-        norm.input = cuda::GemvInput::kRmsNorm;
-        norm.norm_weight = w.input_norm.weight;
-        norm.norm_eps = eps;
-        if (l > 0) {
-          norm.residual = proj_rows;
-          norm.residual_sum = x_rows;
-        }
-        PETREL_RETURN_IF_ERROR(cuda::gemm_gptq_group(qkv, x_rows, n, p.gemm, s, gemm, norm));
+        PETREL_RETURN_IF_ERROR(cuda::gemm_gptq_group(qkv, x_rows, n, p.gemm, s, gemm,
+                                                     residual_norm(w.input_norm, l == 0 ? nullptr : proj_rows)));
       } else {
         PETREL_RETURN_IF_ERROR(cuda::rms_norm(x_rows, l == 0 ? nullptr : proj_rows, n, c.hidden_size, w.input_norm.weight,
                                               eps, normed_rows, s, overlap && l > 0));
@@ -526,13 +531,7 @@ struct CudaModel::State {
       if (fused_mlp_inputs(w, n)) {  // the post-attention norm and SiLU*up inside the GEMMs' staging launches
         cuda::GemmOptions gemm;
         gemm.overlap_previous = overlap;
-        cuda::GemmInputFusion norm;
-        norm.input = cuda::GemvInput::kRmsNorm;
-        norm.norm_weight = w.post_attn_norm.weight;
-        norm.norm_eps = eps;
-        norm.residual = proj_rows;
-        norm.residual_sum = x_rows;
-        PETREL_RETURN_IF_ERROR(cuda::gemm_gptq_group(gate_up, x_rows, n, p.gemm, s, gemm, norm));
+        PETREL_RETURN_IF_ERROR(cuda::gemm_gptq_group(gate_up, x_rows, n, p.gemm, s, gemm, residual_norm(w.post_attn_norm, proj_rows)));
         cuda::GemmInputFusion silu;
         silu.input = cuda::GemvInput::kSiluMul;
         silu.up = p.up.as<float>();

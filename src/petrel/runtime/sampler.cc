@@ -40,9 +40,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   adjusted_.assign(logits.begin(), logits.end());
 
   // 1. Penalties over the recent history.
-  const bool penalize = config_.repetition_penalty != 1.0f || config_.presence_penalty != 0.0f ||
-                        config_.frequency_penalty != 0.0f;
-  if (penalize && !history.empty()) {
+  if (config_.penalizes() && !history.empty()) {
     size_t n = history.size();
     if (config_.penalize_last_n > 0) n = std::min(n, static_cast<size_t>(config_.penalize_last_n));
     std::unordered_map<int32_t, int> counts;
@@ -111,9 +109,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 }
 
 int32_t Sampler::top_needed(int32_t vocab) const {
-  const bool penalize = config_.repetition_penalty != 1.0f || config_.presence_penalty != 0.0f ||
-                        config_.frequency_penalty != 0.0f;
-  if (penalize) return 0;
+  if (config_.penalizes()) return 0;
   if (config_.is_greedy()) return 1;
   return config_.top_k > 0 && config_.top_k < vocab ? config_.top_k : 0;
 }

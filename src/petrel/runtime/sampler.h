@@ -27,6 +27,7 @@ struct SamplerConfig {
   int32_t penalize_last_n = 64;     // how much history the penalties see; 0: all of it
 
   bool is_greedy() const { return greedy || temperature <= 0.0f || top_k == 1; }
+  bool penalizes() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
   static SamplerConfig greedy_config() {
     SamplerConfig c;
     c.greedy = true;

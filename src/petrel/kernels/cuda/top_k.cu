@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -58,12 +59,6 @@ __device__ void bitonic_sort_descending(uint64_t* keys, int n) {
       __syncthreads();
     }
   }
-}
-
-int next_pow2(int n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
 }
 
 __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* values, int n, int k, int maxima_pow2, TopKResult* out) {
@@ -153,7 +148,7 @@ Status top_k_logits(const float* values, int64_t n, int k, TopKResult* out, Stre
   }
   if (!values || !out) return invalid_argument("cuda::top_k_logits: null device pointer");
   // At least k keys, so that the k-th exists (padding: fewer than k blocks make every value a candidate).
-  const int maxima_pow2 = next_pow2(std::max(k, static_cast<int>((n + kBlock - 1) / kBlock)));
+  const int maxima_pow2 = static_cast<int>(std::bit_ceil(static_cast<unsigned>(std::max<int64_t>(k, (n + kBlock - 1) / kBlock))));
   return cuda_status(launch_kernel(top_k_kernel, dim3(1), dim3(kThreads), 0, stream, false, values, static_cast<int>(n),
                                    k, maxima_pow2, out),
                      "top_k_logits launch");
