@@ -9,6 +9,7 @@
 # Each format's pp512 is also benched with --prefill-f16-weights off (the dequantize-per-call path).
 # VALIDATE=1 also runs `petrel validate` of the per-channel checkpoint against the float one (CPU, 1 window).
 # KEEP=1 keeps /tmp/w8b (a warm machine reuses it: make-random and quantize are skipped when present).
+# LOG=info prints each run's load line (where the init time went); SPEED=0 skips `petrel bench`; RUNS (3): runs.
 # Logs and profiles go to $OUT.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -35,8 +36,9 @@ for fmt in ${FORMATS:-pc g128}; do
   fi
   $P export --checkpoint $W/w4-$fmt --out $W/bundle-$fmt --parts 5 --context-length 4096 --backend cuda --force -q 2>&1 | tail -2
   cat $W/bundle-$fmt/*.pte > /dev/null 2>&1; cat $W/bundle-$fmt/* > /dev/null 2>&1  # page cache
-  for r in 1 2 3; do
-    $P run -c $W/bundle-$fmt/config.json --tokens_file $W/p29.txt -n 32 --profile $W/prof-$fmt-$r.json --log error > /dev/null 2>&1
+  for r in $(seq 1 ${RUNS:-3}); do
+    $P run -c $W/bundle-$fmt/config.json --tokens_file $W/p29.txt -n 32 --profile $W/prof-$fmt-$r.json --log ${LOG:-error} \
+      2>&1 > /dev/null | grep "loaded"
     cp $W/prof-$fmt-$r.json $OUT/ 2>/dev/null
     python3 - $W/prof-$fmt-$r.json <<'PY'
 import json, sys
@@ -48,6 +50,7 @@ print("run: init %.3f s, TTFT %.2f ms, prompt %.0f tok/s, generation %.1f tok/s"
       g("GenieDialog_query", "token-generation-rate")))
 PY
   done
+  [ "${SPEED:-1}" = 0 ] && { rm -rf $W/bundle-$fmt; continue; }
   $P bench $W/bundle-$fmt --backend cuda -p 29,128,512 -n 128 -r 5 2>&1 | tee $OUT/bench-$fmt.md
   # The same prompts without the fp16 weight copies (--prefill-f16-weights auto turns them on for 8B on an H200).
   $P bench $W/bundle-$fmt --backend cuda -p 512 -n 0 -r 5 --prefill-f16-weights off 2>&1 | tail -1 | tee $OUT/bench-$fmt-w4only.md

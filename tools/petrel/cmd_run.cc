@@ -98,8 +98,16 @@ int run_run(const RunFlags& f) {
   Session& session = **created;
   create.stop_us = wall_clock_us();
   if (level >= LogLevel::kInfo) {
-    std::fprintf(stderr, "petrel run: loaded %s on %s in %.1f ms\n", model_path.c_str(), backend_name((*engine)->backend()),
-                 (create.stop_us - create.start_us) / 1e3);
+    const EngineLoadTimes& t = (*engine)->load_times();
+    std::fprintf(stderr, "petrel run: loaded %s on %s in %.1f ms (weights read %.1f ms; tokenizer and template %.1f ms, "
+                 "beside them", model_path.c_str(), backend_name((*engine)->backend()),
+                 (create.stop_us - create.start_us) / 1e3, t.weights_ms, t.text_ms);
+    if ((*engine)->backend() == Backend::kCuda) {
+      std::fprintf(stderr, "; GPUs found %.1f ms; on the GPU %.1f ms: upload %.1f, fp16 copies %.1f, buffers %.1f, "
+                   "warm-up %.1f", t.devices_ms, t.gpu_ms, t.gpu.upload_ms, t.gpu.f16_copies_ms, t.gpu.buffers_ms,
+                   t.gpu.warm_up_ms);
+    }
+    std::fprintf(stderr, ")\n");
   }
 
   // The prompt.

@@ -4,6 +4,7 @@
 #include "petrel/model/cuda_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -234,6 +235,7 @@ struct CudaModel::State {
   } prefill;
 
   int64_t weight_bytes = 0;
+  CudaInitTimes init_times;
 
   cuda::DecodeAttentionShape attention_shape() const {
     cuda::DecodeAttentionShape s;
@@ -661,6 +663,8 @@ void CudaModel::truncate(int64_t n) {
   if (n >= 0 && n < state_->position) state_->position = n;
 }
 
+const CudaInitTimes& CudaModel::init_times() const { return state_->init_times; }
+
 bool CudaModel::prefill_f16_weights() const {
   for (const DeviceLayer& l : state_->layers) {
     if (l.q_proj.f16.data) return true;
@@ -715,6 +719,14 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
 
   auto state = std::make_unique<State>();
   State& s = *state;
+  auto phase_start = std::chrono::steady_clock::now();
+  // Milliseconds since the previous call (or since here), for CudaInitTimes.
+  auto phase_ms = [&phase_start] {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - phase_start).count();
+    phase_start = now;
+    return ms;
+  };
   s.config = c;
   s.options = options;
   // As Session does: a longer context than the model was trained for is clamped to max_position_embeddings.
@@ -767,6 +779,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   const std::vector<float> inv_freq = rope_inverse_frequencies(c.rope, c.head_dim);
   PETREL_ASSIGN_OR_RETURN(s.inv_freq, upload_bytes(inv_freq.data(), inv_freq.size() * 4, "RoPE inverse frequencies", up));
   PETREL_RETURN_IF_ERROR(with_context(up.finish(), "uploading the weights"));
+  s.init_times.upload_ms = phase_ms();
   if (make_f16) {
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       DeviceLayer& dw = s.layers[l];
@@ -781,6 +794,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     }
     PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "dequantizing the fp16 prefill weights"));
   }
+  s.init_times.f16_copies_ms = phase_ms();
 
   // KV cache and activations.
   const size_t kv_bytes = static_cast<size_t>(c.num_hidden_layers * s.kv_layer_elements()) * 2;
@@ -828,8 +842,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
                             cuda::DeviceBuffer::allocate(static_cast<size_t>(prefill_attention_bytes(c, p.chunk, s.options.context_length))));
   }
   PETREL_RETURN_IF_ERROR(cuda::synchronize());
+  s.init_times.buffers_ms = phase_ms();
   auto gpu = std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
   if (options.warm_up) PETREL_RETURN_IF_ERROR(with_context(gpu->warm_up(), "warming up the CUDA model"));
+  gpu->state_->init_times.warm_up_ms = phase_ms();
   return gpu;
 }
 

@@ -106,6 +106,14 @@ struct CudaModelOptions {
   PrefillF16Weights prefill_f16_weights = PrefillF16Weights::kAuto;
 };
 
+// Where CudaModel::create's time went, in milliseconds of wall time.
+struct CudaInitTimes {
+  double upload_ms = 0;     // streams, workspaces and the weights copied to the device
+  double f16_copies_ms = 0;  // the prefill_f16_weights copies
+  double buffers_ms = 0;    // KV cache, activations and scratch
+  double warm_up_ms = 0;
+};
+
 // What create() allocates on the device, computed from the host model before anything is uploaded.
 struct GpuMemoryNeed {
   int64_t weight_bytes = 0;    // as uploaded (GPTQ codes, scales and zeros; dense matrices in their dtype),
@@ -137,6 +145,7 @@ class CudaModel {
   int64_t context_length() const;
   int64_t device_bytes() const;    // weights, KV cache and scratch on the GPU
   bool prefill_f16_weights() const;  // whether the fp16 copies for the prompt processor were made
+  const CudaInitTimes& init_times() const;
   void reset();                    // forget the sequence (memory is kept)
   void truncate(int64_t n);        // drop positions >= n
 

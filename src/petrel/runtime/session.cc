@@ -1,7 +1,9 @@
 #include "petrel/runtime/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <future>
 
 #include "petrel/io/bundle.h"
 #include "petrel/kernels/cuda/device.h"
@@ -42,9 +44,42 @@ Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const M
   return load(model_path, engine_options);
 }
 
+namespace {
+
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The tokenizer and chat template beside a model, each optional (token-only use works without them).
+struct TextFiles {
+  std::optional<Tokenizer> tokenizer;
+  std::optional<text::ChatTemplateSet> templates;
+  double ms = 0;
+};
+
+TextFiles load_text_files(const fs::path& model_path) {
+  const auto start = std::chrono::steady_clock::now();
+  TextFiles files;
+  std::error_code ec;
+  const fs::path text_dir = fs::is_directory(model_path, ec) ? model_path : model_path.parent_path();
+  auto tokenizer = Tokenizer::load(text_dir);
+  if (tokenizer.ok()) files.tokenizer = std::move(tokenizer).value();
+  auto templates = text::load_chat_template(text_dir);
+  if (templates.ok()) files.templates = std::move(templates).value();
+  files.ms = milliseconds_since(start);
+  return files;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const EngineOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
   auto engine = std::make_shared<Engine>();
+  EngineLoadTimes& times = engine->load_times_;
   PETREL_ASSIGN_OR_RETURN(engine->backend_, resolve_backend(model_path, options.backend));
+  // The tokenizer (a Llama 3 tokenizer.json takes ~0.3-0.7 s to read) loads on its own thread while the
+  // weights are read and uploaded; the future is waited for on every path out of here.
+  std::future<TextFiles> text_files = std::async(std::launch::async, load_text_files, model_path);
   // Why the GPU was chosen, for the errors: asked for, or the bundle's config.
   const std::string why = options.backend == Backend::kCuda
                               ? std::string("backend cuda was asked for")
@@ -57,11 +92,16 @@ Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const E
   }
   if (engine->backend_ == Backend::kCuda) {
     // Before the weights are read: a missing GPU is reported at once.
+    const auto devices_start = std::chrono::steady_clock::now();
     PETREL_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
     if (devices.empty()) return unsupported(why + ", but there is no CUDA device: " + cuda::no_device_reason() + hint);
+    times.devices_ms = milliseconds_since(devices_start);
   }
+  const auto weights_start = std::chrono::steady_clock::now();
   PETREL_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(model_path, options.model));
+  times.weights_ms = milliseconds_since(weights_start);
   if (engine->backend_ == Backend::kCuda) {
+    const auto gpu_start = std::chrono::steady_clock::now();
     CudaModelOptions cuda_options;
     cuda_options.device = options.device;
     cuda_options.context_length = options.context_length;
@@ -69,13 +109,14 @@ Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const E
     auto gpu = CudaModel::create(*engine->model_, cuda_options);
     if (!gpu.ok()) return Status(gpu.status().code(), model_path.string() + " on the cuda backend: " + gpu.status().message());
     engine->cuda_ = std::move(gpu).value();
+    times.gpu_ms = milliseconds_since(gpu_start);
+    times.gpu = engine->cuda_->init_times();
   }
-  std::error_code ec;
-  const fs::path text_dir = fs::is_directory(model_path, ec) ? model_path : model_path.parent_path();
-  auto tokenizer = Tokenizer::load(text_dir);
-  if (tokenizer.ok()) engine->tokenizer_ = std::move(tokenizer).value();  // optional: token-only use works without
-  auto templates = text::load_chat_template(text_dir);
-  if (templates.ok()) engine->templates_ = std::move(templates).value();
+  TextFiles text = text_files.get();
+  engine->tokenizer_ = std::move(text.tokenizer);
+  engine->templates_ = std::move(text.templates);
+  times.text_ms = text.ms;
+  times.total_ms = milliseconds_since(start);
   return engine;
 }
 

@@ -84,6 +84,16 @@ struct EngineOptions {
   ModelLoadOptions model;
 };
 
+// Where Engine::load's time went, in milliseconds of wall time (`petrel run --log info` prints it).
+struct EngineLoadTimes {
+  double devices_ms = 0;  // cuda: finding the GPUs (the CUDA driver's first call)
+  double weights_ms = 0;  // reading the checkpoint or bundle into host memory
+  double text_ms = 0;     // tokenizer and chat template, read on a thread of their own beside the weights
+  double gpu_ms = 0;      // cuda: CudaModel::create (CudaInitTimes has its parts)
+  CudaInitTimes gpu;
+  double total_ms = 0;
+};
+
 class Engine {
  public:
   static Result<std::shared_ptr<Engine>> load(const std::filesystem::path& model_path, const ModelLoadOptions& options = {});
@@ -93,8 +103,10 @@ class Engine {
   const LlamaModel& model() const { return *model_; }
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
   const text::ChatTemplateSet* templates() const { return templates_ ? &*templates_ : nullptr; }
+  const EngineLoadTimes& load_times() const { return load_times_; }
 
  private:
+  EngineLoadTimes load_times_;
   std::unique_ptr<LlamaModel> model_;
   std::optional<Tokenizer> tokenizer_;
   std::optional<text::ChatTemplateSet> templates_;

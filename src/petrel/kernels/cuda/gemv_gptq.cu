@@ -74,7 +74,10 @@
 // LM head 3.1 TB/s; scales and zeros carried per step in the pipeline (124 registers, 4 blocks/SM):
 // 2.9 TB/s; weights streamed through an 8-slot cp.async ring in shared memory (68 registers): 2.1 TB/s;
 // this version capped at 80 registers for 6 blocks/SM (spills): 3.5 TB/s, against 3.4 to 3.7 TB/s
-// (two runs) now. The layer matrices (2 to 30 MB) stay far from the copy bandwidth because a call is only
+// (two runs) now; and (2026-12-03) the weights through 2-4 shared-memory stages filled by Hopper's bulk copy
+// engine (one cp.async.bulk per 128-row run, mbarrier completion): 16-75% slower on every shape (gate 13.8 ->
+// 16.4 us at 2 stages), so bytes in flight are not what limits it (branch experiment/l2-read-ahead-and-bulk-gemv,
+// docs/PERFORMANCE.md session 8). The layer matrices (2 to 30 MB) stay far from the copy bandwidth because a call is only
 // 0.5 to 7 us of transfer: the launch, the first load's latency and the split-K epilogue are a fixed ~3 us
 // (a 128x256 GEMV takes 2.8 to 2.9 us in a CUDA graph). The token generator's fused step attacks that fixed
 // cost three ways (below); bench/README.md has the measurements.
