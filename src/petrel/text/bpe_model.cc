@@ -67,17 +67,23 @@ std::string bytes_to_byte_level(std::string_view bytes) {
   return out;
 }
 
-std::optional<std::string> byte_level_to_bytes(std::string_view text) {
-  if (utf8::find_invalid(text)) return std::nullopt;
+bool byte_level_to_bytes(std::string_view text, std::string& out) {
+  out.clear();
+  if (utf8::find_invalid(text)) return false;
   const auto& table = byte_level_table();
-  std::string out;
-  out.reserve(text.size());
   size_t pos = 0;
   while (pos < text.size()) {
     const uint32_t cp = utf8::decode_valid(text, pos);
-    if (cp >= 512 || table.byte_of_code_point[cp] < 0) return std::nullopt;
+    if (cp >= 512 || table.byte_of_code_point[cp] < 0) return false;
     out.push_back(static_cast<char>(table.byte_of_code_point[cp]));
   }
+  return true;
+}
+
+std::optional<std::string> byte_level_to_bytes(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  if (!byte_level_to_bytes(text, out)) return std::nullopt;
   return out;
 }
 

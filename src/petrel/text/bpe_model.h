@@ -18,6 +18,9 @@ namespace petrel::text_internal {
 std::string bytes_to_byte_level(std::string_view bytes);
 // nullopt when `text` has a character outside the table (so it is not a byte-level token).
 std::optional<std::string> byte_level_to_bytes(std::string_view text);
+// The same into `out` (replacing its contents; its capacity is reused); false, `out` unspecified, when `text`
+// is not byte-level.
+bool byte_level_to_bytes(std::string_view text, std::string& out);
 
 uint64_t hash_bytes(std::string_view bytes);
 

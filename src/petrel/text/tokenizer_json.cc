@@ -72,8 +72,13 @@ class Reader {
     return it->get<std::string>();
   }
   Result<int32_t> to_id(const Json& value, const std::string& path) const {
+    return to_id(value, [&] { return path; });
+  }
+  // The same with the path made only for an error (the vocabulary has 128K entries).
+  template <typename PathFn>
+  Result<int32_t> to_id(const Json& value, const PathFn& path) const {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT32_MAX) {
-      return bad(path, "expected a token id (a non-negative integer), found " + value.dump());
+      return bad(path(), "expected a token id (a non-negative integer), found " + value.dump());
     }
     return static_cast<int32_t>(value.get<int64_t>());
   }
@@ -212,15 +217,16 @@ Result<BpeModel> read_model(const Reader& r, const Json& root) {
   bpe.set_ignore_merges(ignore_merges);
   auto vocab_it = model.find("vocab");
   if (vocab_it == model.end() || !vocab_it->is_object()) return r.bad("model.vocab", "expected an object of token -> id");
+  // Paths in error messages are built only when there is an error: 128K tokens and 280K merges.
   for (auto it = vocab_it->begin(); it != vocab_it->end(); ++it) {
-    const std::string path = "model.vocab[" + json_quoted(it.key()) + "]";
+    auto path = [&] { return "model.vocab[" + json_quoted(it.key()) + "]"; };
     PETREL_ASSIGN_OR_RETURN(int32_t id, r.to_id(it.value(), path));
     auto bytes = byte_level_to_bytes(it.key());
     if (!bytes || bytes->empty()) {
-      return r.refuse(path, "not a byte-level token (a character outside GPT-2's byte alphabet); petrel reads "
-                            "byte-level BPE vocabularies");
+      return r.refuse(path(), "not a byte-level token (a character outside GPT-2's byte alphabet); petrel reads "
+                              "byte-level BPE vocabularies");
     }
-    if (!bpe.add_token(id, std::move(*bytes))) return r.bad(path, "id " + std::to_string(id) + " is used twice");
+    if (!bpe.add_token(id, std::move(*bytes))) return r.bad(path(), "id " + std::to_string(id) + " is used twice");
   }
   if (auto duplicate = bpe.finish_vocab()) {
     return r.bad("model.vocab", "token " + json_quoted(bytes_to_byte_level(*duplicate)) + " appears twice");
@@ -233,34 +239,36 @@ Result<BpeModel> read_model(const Reader& r, const Json& root) {
 
   auto merges_it = model.find("merges");
   if (merges_it == model.end() || !merges_it->is_array()) return r.bad("model.merges", "expected an array");
-  std::string left_text, right_text;
+  // 280K merges in Llama 3's file: the strings are views into the JSON and the byte buffers are reused.
+  std::string left_bytes, right_bytes, joined;
   for (size_t i = 0; i < merges_it->size(); ++i) {
     const Json& merge = (*merges_it)[i];
-    const std::string path = "model.merges[" + std::to_string(i) + "]";
+    auto path = [i] { return "model.merges[" + std::to_string(i) + "]"; };
     // Two spellings: "a b" (older files) and ["a", "b"] (tokenizers >= 0.20, which allows spaces).
+    std::string_view left_text, right_text;
     if (merge.is_string()) {
       const std::string& s = merge.get_ref<const std::string&>();
       const size_t space = s.find(' ');
       if (space == std::string::npos || space == 0 || space + 1 >= s.size()) {
-        return r.bad(path, "expected \"left right\", found " + json_quoted(s));
+        return r.bad(path(), "expected \"left right\", found " + json_quoted(s));
       }
-      left_text = s.substr(0, space);
-      right_text = s.substr(space + 1);
+      left_text = std::string_view(s).substr(0, space);
+      right_text = std::string_view(s).substr(space + 1);
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-      left_text = merge[0].get<std::string>();
-      right_text = merge[1].get<std::string>();
+      left_text = merge[0].get_ref<const std::string&>();
+      right_text = merge[1].get_ref<const std::string&>();
     } else {
-      return r.bad(path, "expected \"left right\" or [\"left\", \"right\"], found " + merge.dump());
+      return r.bad(path(), "expected \"left right\" or [\"left\", \"right\"], found " + merge.dump());
     }
-    auto left_bytes = byte_level_to_bytes(left_text);
-    auto right_bytes = byte_level_to_bytes(right_text);
-    std::optional<int32_t> left = left_bytes ? bpe.find(*left_bytes) : std::nullopt;
-    std::optional<int32_t> right = right_bytes ? bpe.find(*right_bytes) : std::nullopt;
-    if (!left) return r.bad(path, "token " + json_quoted(left_text) + " is not in model.vocab");
-    if (!right) return r.bad(path, "token " + json_quoted(right_text) + " is not in model.vocab");
-    std::optional<int32_t> merged = bpe.find(*left_bytes + *right_bytes);
+    std::optional<int32_t> left = byte_level_to_bytes(left_text, left_bytes) ? bpe.find(left_bytes) : std::nullopt;
+    std::optional<int32_t> right = byte_level_to_bytes(right_text, right_bytes) ? bpe.find(right_bytes) : std::nullopt;
+    if (!left) return r.bad(path(), "token " + json_quoted(left_text) + " is not in model.vocab");
+    if (!right) return r.bad(path(), "token " + json_quoted(right_text) + " is not in model.vocab");
+    joined.assign(left_bytes).append(right_bytes);
+    std::optional<int32_t> merged = bpe.find(joined);
     if (!merged) {
-      return r.bad(path, "the merged token " + json_quoted(left_text + right_text) + " is not in model.vocab");
+      return r.bad(path(), "the merged token " + json_quoted(std::string(left_text) + std::string(right_text)) +
+                               " is not in model.vocab");
     }
     bpe.add_merge(*left, *right, *merged);
   }
