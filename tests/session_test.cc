@@ -34,6 +34,30 @@ GenerationConfig greedy(int64_t n) {
 
 const std::vector<int32_t> kPrompt = {4080, 424, 1413, 276, 289, 311, 3585, 303};
 
+// The tokenizer loads on a thread of its own beside the weights: it is there when load returns, the phases are
+// timed, and a model without a tokenizer (token-only use) or a missing model still come back cleanly.
+TEST(Engine, LoadsTheTokenizerBesideTheWeightsAndTimesThePhases) {
+  auto engine = Engine::load(data_dir() / "models/tiny-llama31");
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_NE((*engine)->tokenizer(), nullptr);
+  const EngineLoadTimes& t = (*engine)->load_times();
+  EXPECT_GT(t.weights_ms, 0.0);
+  EXPECT_GT(t.text_ms, 0.0);
+  EXPECT_GE(t.total_ms, t.weights_ms);
+  EXPECT_EQ(t.gpu_ms, 0.0);  // the CPU backend
+  auto text = (*engine)->tokenizer()->encode("Hello", {});
+  EXPECT_TRUE(text.ok());
+
+  testing::TempDir dir("engine_no_tokenizer");
+  for (const char* name : {"config.json", "model.safetensors"}) {
+    std::filesystem::copy_file(data_dir() / "models/tiny-llama31" / name, dir / name);
+  }
+  auto bare = Engine::load(dir.path());
+  ASSERT_TRUE(bare.ok()) << bare.status().to_string();
+  EXPECT_EQ((*bare)->tokenizer(), nullptr);
+  EXPECT_FALSE(Engine::load(dir / "missing").ok());
+}
+
 TEST(Session, TokensQueryEqualsPlainGeneration) {
   auto engine = tiny_engine();
   Session session(engine, 512);
