@@ -2,7 +2,7 @@
 // shapes at prompt-processing batch sizes, each algorithm, against the device's copy bandwidth and cuBLAS's
 // own fp16 rate measured in the same run.
 //
-//   petrel_bench_gemm_cuda [--sweep] [--reps N] [--max-m M] [--json FILE]
+//   petrel_bench_gemm_cuda [--sweep] [--reps N] [--max-m M] [--m LIST] [--shapes LIST] [--groups LIST] [--json FILE]
 //
 // For each shape (q/o 4096x4096, k/v 1024x4096, gate/up 14336x4096, down 4096x14336), 4-bit per-channel and
 // group 128, and m in 1, 8, 16, 29, 32, 64, 128, 256, 512: the median over --reps (>= 20) of the time per
@@ -14,7 +14,13 @@
 // weight GB/s the GPTQ bytes (qweight, scales, zeros). The tensor-core result is checked against the
 // dequant + cuBLAS one (relative L2). Then each layer's 7 linears summed ("ms per layer") and the implied
 // prompt tokens/s of 32 layers (linears only: no attention, norms or LM head).
-// Up to 32 tokens the batch GEMV (gemv_gptq_batch) is timed too; --max-m skips the larger m.
+// Up to 32 tokens the batch GEMV (gemv_gptq_batch) is timed too; --max-m skips the larger m, --m 29,32 times
+// only those m. --shapes picks shapes by key (default qo,kv,gateup,down: the layer's linears); qkv (6144x4096)
+// and gateup2 (28672x4096) are the prompt processor's one-launch groups (gemm_gptq_group plans q/k/v and
+// gate+up as one matrix of all their rows), timed as that one matrix and left out of the layer sums.
+// --groups (default -1,128: per channel and group 128) takes other group sizes dividing every shape's columns,
+// e.g. 2048: the grouped kernel with almost no group changes, to tell the scale folding's cost from the
+// group changes'.
 // --sweep also times the fused kernel at fixed token tiles, warps, pipeline stages and splits (the 3 fastest
 // printed, all in the JSON), to check the planner.
 #include <cublas_v2.h>
@@ -113,6 +119,7 @@ Timing time_calls(cudaStream_t stream, int reps, Call call, bool with_graph = tr
 }
 
 struct Shape {
+  const char* key;  // --shapes
   const char* name;
   int64_t rows, cols;
   int per_layer;  // how many of the 7 linears have this shape
@@ -189,14 +196,36 @@ int main(int argc, char** argv) {
   bool sweep = false;
   int64_t max_tokens = 512;
   std::string json_path;
+  std::vector<int64_t> only_m;
+  std::vector<int64_t> groups = {-1, 128};
+  std::vector<std::string> shape_keys = {"qo", "kv", "gateup", "down"};
+  auto split_list = [](const std::string& text) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start <= text.size()) {
+      const size_t comma = text.find(',', start);
+      const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!item.empty()) out.push_back(item);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return out;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--sweep") sweep = true;
     else if (arg == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (arg == "--max-m" && i + 1 < argc) max_tokens = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--m" && i + 1 < argc) {
+      for (const std::string& item : split_list(argv[++i])) only_m.push_back(std::max(1, std::atoi(item.c_str())));
+    } else if (arg == "--shapes" && i + 1 < argc) shape_keys = split_list(argv[++i]);
+    else if (arg == "--groups" && i + 1 < argc) {
+      groups.clear();
+      for (const std::string& item : split_list(argv[++i])) groups.push_back(std::atoll(item.c_str()));
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--max-m M] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--max-m M] [--m LIST] [--shapes qo,kv,gateup,down,qkv,gateup2] [--groups -1,128] [--json FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -239,19 +268,32 @@ int main(int argc, char** argv) {
   std::printf("cublasGemmEx fp16 in, f32 out/compute: 4096x4096 x 512 tokens %.0f TFLOP/s; 8192^3 %.0f TFLOP/s\n\n",
               peer_4096, peer_8192);
 
-  const Shape shapes[] = {{"q/o_proj 4096x4096", 4096, 4096, 2},
-                          {"k/v_proj 1024x4096", 1024, 4096, 2},
-                          {"gate/up 14336x4096", 14336, 4096, 2},
-                          {"down 4096x14336", 4096, 14336, 1}};
-  const int64_t ms[] = {1, 8, 16, 29, 32, 64, 128, 256, 512};
-  const int64_t max_m = 512;
+  const Shape all_shapes[] = {{"qo", "q/o_proj 4096x4096", 4096, 4096, 2},
+                               {"kv", "k/v_proj 1024x4096", 1024, 4096, 2},
+                               {"gateup", "gate/up 14336x4096", 14336, 4096, 2},
+                               {"down", "down 4096x14336", 4096, 14336, 1},
+                               {"qkv", "q/k/v one launch 6144x4096", 6144, 4096, 0},
+                               {"gateup2", "gate+up one launch 28672x4096", 28672, 4096, 0}};
+  std::vector<Shape> shapes;
+  for (const std::string& key : shape_keys) {
+    const Shape* found = nullptr;
+    for (const Shape& s : all_shapes) found = key == s.key ? &s : found;
+    if (!found) {
+      std::fprintf(stderr, "--shapes: unknown shape '%s' (qo, kv, gateup, down, qkv, gateup2)\n", key.c_str());
+      return 2;
+    }
+    shapes.push_back(*found);
+  }
+  std::vector<int64_t> ms = {1, 8, 16, 29, 32, 64, 128, 256, 512};
+  if (!only_m.empty()) ms = only_m;
+  const int64_t max_m = std::max<int64_t>(512, *std::max_element(ms.begin(), ms.end()));
   std::mt19937 rng(7);
   std::vector<float> x_host(max_m * 14336);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& v : x_host) v = normal(rng);
   auto x_dev = take(cuda::DeviceBuffer::allocate(x_host.size() * 4), "alloc x");
   check(x_dev.upload(x_host.data(), x_host.size() * 4), "upload x");
-  auto y_dev = take(cuda::DeviceBuffer::allocate(max_m * 14336 * 4), "alloc y");
+  auto y_dev = take(cuda::DeviceBuffer::allocate(max_m * 28672 * 4), "alloc y");  // the most rows of any shape
   const float* x = x_dev.as<float>();
   float* y = y_dev.as<float>();
 
@@ -260,6 +302,7 @@ int main(int argc, char** argv) {
   // [group][algorithm][m] -> microseconds for one layer's 7 linears, on the stream and replayed from a graph.
   std::map<std::string, std::map<std::string, std::map<int64_t, Timing>>> layer_us;
   auto add_layer = [&](const std::string& group, const std::string& algorithm, int64_t m, const Timing& t, int count) {
+    if (count == 0) return;  // the one-launch groups: not a linear of their own
     Timing& sum = layer_us[group][algorithm][m];
     if (sum.stream_us == 0) sum.graph_us = 0;
     sum.stream_us += t.stream_us * count;
@@ -268,7 +311,7 @@ int main(int argc, char** argv) {
   std::printf("| shape | group | m | algorithm | plan | us/call (stream) | us/call (graph) | TFLOP/s | weight GB/s | "
               "rel L2 vs cuBLAS path |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  for (int64_t group : {int64_t{-1}, int64_t{128}}) {
+  for (int64_t group : groups) {
     const std::string group_name = group < 0 ? "channel" : std::to_string(group);
     for (const Shape& s : shapes) {
       GptqCopies g = make_gptq(s, group, rng);
@@ -419,7 +462,10 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Whole layers.
+  // Whole layers (only when all four layer shapes ran).
+  int layer_shapes = 0;
+  for (const Shape& s : shapes) layer_shapes += s.per_layer > 0;
+  if (layer_shapes < 4) layer_us.clear();
   std::printf("\n## Llama-3.1-8B layer linears (q, k, v, o, gate, up, down), 4-bit; 32 layers for tok/s (linears only)\n\n");
   std::printf("| group | algorithm | m | us per layer (stream) | us per layer (graph) | TFLOP/s (graph) | "
               "tok/s, 32 layers (graph) |\n|---|---|---|---|---|---|---|\n");
