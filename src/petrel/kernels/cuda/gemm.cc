@@ -70,7 +70,14 @@ Result<GemmPlan> plan_tensor_core(const DeviceGptqMatrix& w, int64_t m, int mult
     else break;
   }
   // 3 stages measured 0-10% slower than 2 for tiles of 16 to 64 tokens; 8-token tiles were timed with 3 only.
-  plan.stages = options.stages > 0 ? options.stages : plan.token_tile == 8 ? 3 : 2;
+  // One tile of 32 tokens in 8 warps (a short prompt through gate+up as one launch, or through any matrix of
+  // >= 8192 rows) takes 3: the 157 KB of shared memory hold it to one block an SM, and the split rule below then
+  // gives one block an SM, no split-K (gate+up at m = 29 on the H200, 2026-12-03: the 29-token prompt 4.39 ->
+  // 4.31 ms per channel, 4.78 -> 4.75 at group 128, petrel_bench_decode_cuda --prompt 29). The same single
+  // split with 2 stages was faster alone (gemm bench: 43.7 against 47.8 us with 2 splits) but 0.7 ms slower in
+  // the prompt: overlapped with the kernels before it, the scheduler put two of its blocks on some SMs.
+  const bool one_tile_32x8 = ceil_div(m, plan.token_tile) == 1 && plan.token_tile == 32 && plan.warps == 8;
+  plan.stages = options.stages > 0 ? options.stages : plan.token_tile == 8 || one_tile_32x8 ? 3 : 2;
   if (plan.stages != 2 && plan.stages != 3) {
     return invalid_argument(what() + ": stages must be 2 or 3, not " + std::to_string(plan.stages));
   }

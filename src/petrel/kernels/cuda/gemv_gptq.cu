@@ -130,6 +130,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "petrel/kernels/cuda/activation.cuh"
@@ -338,15 +339,15 @@ __device__ __forceinline__ Slice block_slice(const GemvArgs& a) {
   return s;
 }
 
-// The raw scales (4 fp16) and zeros word of this thread's 4 rows in `group`; zeros when `wanted` is false.
-template <int kBits>
-__device__ __forceinline__ void load_raw_params(const GemvPart& m, int64_t group, int64_t row, bool wanted,
+// The raw scales (4 fp16 at `scales_at`) and zeros word (at `zeros_at`) of this thread's 4 rows in one group;
+// zeros when `wanted` is false.
+__device__ __forceinline__ void load_raw_params(const uint16_t* scales_at, const int32_t* zeros_at, bool wanted,
                                                 uint2& scales, uint32_t& zeros) {
   scales = make_uint2(0, 0);
   zeros = 0;
   if (wanted) {
-    scales = __ldg(reinterpret_cast<const uint2*>(m.scales + group * m.rows + row));
-    zeros = static_cast<uint32_t>(__ldg(m.qzeros + group * (m.rows * kBits / 32) + row * kBits / 32));
+    scales = __ldg(reinterpret_cast<const uint2*>(scales_at));
+    zeros = static_cast<uint32_t>(__ldg(zeros_at));
   }
 }
 
@@ -526,17 +527,25 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   load_batch(v, ping, 0);
   load_batch(v, pong, kBatch);
 
-  // This group's scales and zeros, and the next group's, loaded while this one is computed.
+  // This group's scales and zeros, and the next group's, loaded while this one is computed; the pointers step
+  // one group (a row of scales, a row of zeros) at a time.
   const int64_t first_step = slice.first_word / kWordsPerStep;
-  int64_t group = 0;
   int steps_to_group = 0;
+  const uint16_t* scales_at = nullptr;
+  const int32_t* zeros_at = nullptr;
+  int64_t zeros_stride = 0;  // int32 words of zeros per group
   uint2 raw_scales, next_scales;
   uint32_t raw_zeros, next_zeros;
   auto start_tile_params = [&](const TileView& tv) {
-    group = first_step / a.group_steps;  // group_steps > 0
+    const int64_t group = first_step / a.group_steps;  // group_steps > 0
     steps_to_group = static_cast<int>(a.group_steps - first_step % a.group_steps);  // to the next group start
-    load_raw_params<kBits>(tv.m, group, tv.row, tv.row_ok, raw_scales, raw_zeros);
-    load_raw_params<kBits>(tv.m, group + 1, tv.row, tv.row_ok && steps_to_group < slice.steps, next_scales, next_zeros);
+    zeros_stride = tv.m.rows * kBits / 32;
+    scales_at = tv.m.scales + group * tv.m.rows + tv.row;
+    zeros_at = tv.m.qzeros + group * zeros_stride + tv.row * kBits / 32;
+    load_raw_params(scales_at, zeros_at, tv.row_ok, raw_scales, raw_zeros);
+    scales_at += tv.m.rows;
+    zeros_at += zeros_stride;
+    load_raw_params(scales_at, zeros_at, tv.row_ok && steps_to_group < slice.steps, next_scales, next_zeros);
   };
   start_tile_params(v);
 
@@ -672,26 +681,25 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     steps_in_acc = 0;
   };
   auto decode_params = [&] {
-    const int shift = kBits == 4 ? 4 * static_cast<int>(v.row % 8) : 0;
+    const int zero_shift = kBits == 4 ? 4 * static_cast<int>(v.row % 8) : 0;  // 4-bit zeros pack 8 rows a word
+    zero_biases<kBits>(raw_zeros >> zero_shift, zero_bias_bases(v.m.zero_offset), bias_low, bias_high);
     const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
-      const uint32_t zero = ((raw_zeros >> (shift + kBits * r)) & ((1u << kBits) - 1)) + v.m.zero_offset;
-      bias_low[r] = (0x6400u + zero) * 0x00010001u;        // {1024 + z} x2
-      bias_high[r] = (0xD400u + 16u * zero) * 0x00010001u;  // {-(64 + z)} x2
     }
   };
   decode_params();
 
   auto next_group = [&](int s) {  // step s starts a new group (uniform: steps never straddle groups)
     promote();
-    ++group;
     raw_scales = next_scales;
     raw_zeros = next_zeros;
     decode_params();
     steps_to_group = a.group_steps;
-    load_raw_params<kBits>(v.m, group + 1, v.row, v.row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
+    scales_at += v.m.rows;
+    zeros_at += zeros_stride;
+    load_raw_params(scales_at, zeros_at, v.row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
   };
   auto compute_step = [&](const uint4& w, int s) {
     if constexpr (kBatched) {
@@ -891,9 +899,21 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   const auto kernel = gemv_gptq_tensor_core<kBits, kInput, kTiles>;
-  if (shared > 48 * 1024) {  // a batch's staged x (plan_gemv_gptq_batch bounds it): raise the block's limit
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  if (shared > 48 * 1024) {
+    // A batch's staged x (plan_gemv_gptq_batch bounds it by kMaxBatchSharedBytes): the kernel's limit is raised to
+    // that bound once per kernel and device, not on every launch (a host call of a few microseconds that the
+    // prompt processor would pay per layer).
+    static std::atomic<uint64_t> opted_in{0};
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
+    const uint64_t bit = uint64_t{1} << (device % 64);
+    if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(GemvPlan::kMaxBatchSharedBytes));
+      if (e != cudaSuccess) return e;
+      opted_in.fetch_or(bit, std::memory_order_relaxed);
+    }
   }
   if (args.cluster_reduce) {
     return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);

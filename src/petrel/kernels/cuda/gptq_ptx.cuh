@@ -52,6 +52,34 @@ __device__ __forceinline__ uint32_t mask_or_magic(uint32_t w) {
   return d;
 }
 
+// The dequantization biases of 4 rows whose zeros (stored zero + offset) are `zeros`' 4- or 8-bit fields 0..3
+// (`zeros` already shifted to this thread's rows): {1024 + z} x2 (bias_low) and {-(64 + z)} x2 (bias_high,
+// 4-bit only), one IMAD each with the offset folded into the constants (computed once by zero_bias_bases).
+// The group change of the grouped kernels runs this every group (every 4 steps at group 128): written as
+// (0x6400 + zero) * 0x10001 with the offset added per row it took twice the instructions.
+struct ZeroBiasBases {
+  uint32_t low, high;
+};
+__device__ __forceinline__ ZeroBiasBases zero_bias_bases(int zero_offset) {
+  const uint32_t offset = static_cast<uint32_t>(zero_offset);
+  return {0x64006400u + offset * 0x00010001u, 0xD400D400u + offset * 0x00100010u};
+}
+template <int kBits>
+__device__ __forceinline__ void zero_biases(uint32_t zeros, ZeroBiasBases bases, uint32_t (&bias_low)[4],
+                                            uint32_t (&bias_high)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint32_t stored = (zeros >> (kBits * r)) & ((1u << kBits) - 1);
+    bias_low[r] = stored * 0x00010001u + bases.low;
+    bias_high[r] = stored * 0x00100010u + bases.high;
+  }
+}
+
+// fp16 number `half` (0: bits 0..15, 1: bits 16..31) of `packed` in both halves of the result (one PRMT).
+__device__ __forceinline__ uint32_t broadcast_half(uint32_t packed, int half) {
+  return __byte_perm(packed, 0u, half ? 0x3232u : 0x1010u);
+}
+
 // The 8 codes of a 4-bit word as four fp16 pairs of (code - zero): {c0, c4}, {c1, c5}, {c2, c6}, {c3, c7}.
 // bias_low = {1024 + z} x2; bias_high = {-(64 + z)} x2, since a code in bits 4..7 of a half reads 16 c + 1024.
 __device__ __forceinline__ void dequant_word4(uint32_t w, uint32_t bias_low, uint32_t bias_high, uint32_t (&v)[4]) {

@@ -1,9 +1,9 @@
 // kernels/cuda: RMSNorm with the residual add fused in front of it.
 //
 // Layout: x, residual, out float32 [n_rows, dim] row-major; weight [dim] in its stored dtype (F32/F16/BF16).
-// One block per row, up to 1024 threads; each thread owns elements tid, tid + blockDim, ... (at most 8 of
-// them, held in registers between the two passes) and the sum of squares is reduced with warp shuffles and
-// one shared-memory pass (rms_row.cuh, shared with the GEMM's fused x staging). Numerics as ref::rms_norm:
+// One block per row, up to 1024 threads; each thread owns 8 consecutive elements (16-byte loads and stores,
+// held in registers between the two passes) and the sum of squares is reduced with warp shuffles and one
+// shared-memory pass (rms_row.cuh, shared with the GEMM's fused x staging). Numerics as ref::rms_norm:
 // float32 sum of squares (a tree order instead of ref's sequential one), 1 / sqrtf(mean + eps) with IEEE sqrt
 // and division, out = weight * (x * inv_rms).
 // Why fused: in the token generator every residual add is followed by the next RMSNorm (attention ->
@@ -33,11 +33,23 @@ __global__ void __launch_bounds__(kRmsRowMaxThreads) rms_norm_kernel(float* x, c
   float* yr = out + blockIdx.x * dim;
   const float* rr = residual ? residual + blockIdx.x * dim : nullptr;
   float v[kRmsRowRegs], w[kRmsRowRegs];
-  const float inv_rms = rms_row_first_pass(xr, rr, xr, dim, weight, weight_type, eps, v, w);  // x += residual in place
+  const bool vectorized = rms_row_vectorized(xr, rr, xr, dim, weight) && aligned16(yr);
+  const float inv_rms = rms_row_first_pass(xr, rr, xr, dim, weight, weight_type, eps, vectorized, v, w);  // x += residual in place
+  float y[kRmsRowRegs];
 #pragma unroll
-  for (int j = 0; j < kRmsRowRegs; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * blockDim.x;
-    if (i < dim) yr[i] = w[j] * (v[j] * inv_rms);
+  for (int j = 0; j < kRmsRowRegs; ++j) y[j] = w[j] * (v[j] * inv_rms);
+  const int64_t i0 = rms_row_first(threadIdx.x);
+  if (vectorized) {
+    if (i0 < dim) {
+      float4* y4 = reinterpret_cast<float4*>(yr + i0);
+      y4[0] = make_float4(y[0], y[1], y[2], y[3]);
+      y4[1] = make_float4(y[4], y[5], y[6], y[7]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kRmsRowRegs; ++j) {
+      if (i0 + j < dim) yr[i0 + j] = y[j];
+    }
   }
   for (int64_t i = threadIdx.x + int64_t{kRmsRowRegs} * blockDim.x; i < dim; i += blockDim.x) {
     yr[i] = rms_row_tail_value(xr, rr, xr, i, weight, weight_type, inv_rms);

@@ -9,7 +9,8 @@
 // edge of the CUDA graph (CUDA 12.3 and later), so replayed steps overlap too.
 //
 // Rules a kernel launched this way follows, so that a chain of them stays correct:
-//  - nothing written by an earlier kernel is read, and nothing at all is written, before the wait;
+//  - nothing written by an earlier kernel is read, and nothing in global memory is written, before the wait
+//    (a block's own shared memory may be: the GEMM stages its first weights there with cp.async);
 //  - every block waits before it exits, except blocks that do no work when some block of the grid waits (the
 //    grid then still completes after its predecessor, so the next kernel's wait covers both);
 //  - data written by the previous kernel is read through L2 (ld.global.cg), not a possibly stale L1 line.
