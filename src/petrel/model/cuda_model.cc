@@ -596,15 +596,14 @@ struct CudaModel::State {
       // The last row through the token generator's LM head (one GEMV instead of a GEMM of n rows).
       PETREL_RETURN_IF_ERROR(cuda::copy_on_device(normed.data(), p.normed.as<float>() + (n - 1) * c.hidden_size,
                                                   static_cast<size_t>(c.hidden_size) * 4, s));
-      if (!logits) {
-        PETREL_RETURN_IF_ERROR(last_top(top_k, top));
-        position += n;
-        return ok_status();
+      if (logits) {
+        PETREL_RETURN_IF_ERROR(linear(lm_head, normed, this->logits));
+        PETREL_RETURN_IF_ERROR(cuda::copy_to_host(host_logits.data(), this->logits.data(), row_bytes, s));
+      } else {
+        PETREL_RETURN_IF_ERROR(last_top(top_k, top));  // synchronizes
       }
-      PETREL_RETURN_IF_ERROR(linear(lm_head, normed, this->logits));
-      PETREL_RETURN_IF_ERROR(cuda::copy_to_host(host_logits.data(), this->logits.data(), row_bytes, s));
     }
-    PETREL_RETURN_IF_ERROR(with_context(stream.synchronize(), "the CUDA prompt processor"));
+    if (logits || top_k <= 0) PETREL_RETURN_IF_ERROR(with_context(stream.synchronize(), "the CUDA prompt processor"));
     if (logits && !all) {
       const size_t old = logits->size();
       logits->resize(old + c.vocab_size);
