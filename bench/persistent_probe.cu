@@ -1,0 +1,329 @@
+// petrel_bench_persistent_probe: what a persistent decode step could reach on this GPU, measured before one is
+// written (issue 6: tg128 >= 700 for the 8B shape; the step is ~2.0 ms a token against a ~0.95 ms floor, and
+// session 8's experiments put the loss in each kernel's fixed costs, not in bytes in flight).
+//
+//   petrel_bench_persistent_probe [--reps N] [--layers N] [--blocks-per-sm N]
+//
+// It streams the bytes of Llama-3.1-8B's decode step (per layer, 4-bit per channel: q/k/v 12.6 MB, o 8.4,
+// gate/up 58.7, down 29.4; then the 8-bit LM head, 525 MB) as 4 phases a layer and one for the head, three ways:
+//   kernels     one kernel a phase (grid-stride 16-byte loads), all captured in one CUDA graph: the step's
+//               structure today, without its other costs (and without programmatic dependent launch);
+//   persistent  one cooperative kernel for the whole step, phases separated by a grid barrier (an arrival
+//               counter and a generation word in global memory);
+//   prefetch    the same, each thread's first kPrefetch loads of the next phase issued before the barrier;
+// each with loads only and with the token generator's arithmetic on every 16 bytes (four magic-number
+// dequantizations of a 4-bit word and four mma.m16n8k16, gptq_ptx.cuh: what gemv_gptq.cu does a step). It also
+// times one grid barrier (1,000 in a row). Output: median us a step over --reps, GB/s, the tok/s those would
+// give, and the device-to-device copy bandwidth for the floor. Not a test: nothing is checked but that the
+// kernels ran. Neither the x staging, the RMSNorm, the split-K sums nor attention are here; a real persistent
+// step has those on top.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "petrel/kernels/cuda/gptq_ptx.cuh"
+
+namespace {
+
+using namespace petrel::cuda::ptx;
+
+#define PROBE_CHECK(call)                                                                            \
+  do {                                                                                               \
+    const cudaError_t e_ = (call);                                                                   \
+    if (e_ != cudaSuccess) {                                                                         \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
+      std::exit(1);                                                                                  \
+    }                                                                                                \
+  } while (0)
+
+constexpr int kThreads = 128;
+constexpr int kBatch = 8;     // 16-byte loads a thread issues together
+constexpr int kPrefetch = 4;  // of the next phase, before the barrier
+
+struct Phase {
+  int64_t offset;  // in 16-byte units from the buffer's start
+  int64_t units;
+};
+
+__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// What the token generator does with 16 bytes of 4-bit weights (kCompute), or just keeps the loads alive.
+template <bool kCompute>
+struct Sink {
+  float acc01[4] = {0, 0, 0, 0}, acc23[4] = {0, 0, 0, 0};
+  uint32_t bits = 0;
+  uint32_t x0, x1, x2, x3;  // B fragments: stand-ins for the staged x
+  __device__ explicit Sink(uint32_t seed) : x0(seed), x1(seed * 3u), x2(seed * 5u), x3(seed * 7u) {}
+  __device__ __forceinline__ void eat(const uint4& w) {
+    if constexpr (kCompute) {
+      constexpr uint32_t kLow = 0x64086408u, kHigh = 0xD480D480u;  // zero 8
+      uint32_t v0[4], v1[4], v2[4], v3[4];
+      dequant_word4(w.x, kLow, kHigh, v0);
+      dequant_word4(w.y, kLow, kHigh, v1);
+      dequant_word4(w.z, kLow, kHigh, v2);
+      dequant_word4(w.w, kLow, kHigh, v3);
+      mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], x0, x1);
+      mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], x2, x3);
+      mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], x0, x1);
+      mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], x2, x3);
+    } else {
+      bits ^= w.x ^ w.y ^ w.z ^ w.w;
+    }
+  }
+  __device__ __forceinline__ void flush(unsigned* out) const {
+    const float f = acc01[0] + acc01[1] + acc01[2] + acc01[3] + acc23[0] + acc23[1] + acc23[2] + acc23[3];
+    if ((bits ^ __float_as_uint(f)) == 0x9E3779B9u) *out = bits;  // keeps the work; practically never true
+  }
+};
+
+// Units gtid, gtid + T, ... of a phase (T: the grid's threads), kBatch loads in flight; the first `skip` of them
+// were loaded before (the prefetch) and are in `pre`.
+template <bool kCompute>
+__device__ __forceinline__ void stream_phase(const uint4* data, const Phase& ph, Sink<kCompute>& sink,
+                                             const uint4 (&pre)[kPrefetch], int skip) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const uint4* p = data + ph.offset;
+  for (int k = 0; k < skip; ++k) sink.eat(pre[k]);
+  // Whole batches, the last one predicated: a thread has only ~12 units of a q/k/v phase (67,584 threads), and
+  // the first version's one-at-a-time tail loop paid a memory latency per unit (see docs/PERFORMANCE.md).
+  for (int64_t i = first + skip * stride; i < ph.units; i += kBatch * stride) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = i + k * stride < ph.units ? load_streaming(p + i + k * stride) : uint4{};
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (i + k * stride < ph.units) sink.eat(v[k]);
+    }
+  }
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// All blocks of the (co-resident) grid meet here. count returns to 0 after every barrier.
+__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* generation) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned gen = load_acquire(generation);
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      atomicExch(count, 0u);
+      __threadfence();
+      atomicAdd(generation, 1u);
+    } else {
+      while (load_acquire(generation) == gen) {
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <bool kCompute>
+__global__ void __launch_bounds__(kThreads) phase_kernel(const uint4* data, Phase ph, unsigned* out) {
+  Sink<kCompute> sink(threadIdx.x + 1);
+  const uint4 none[kPrefetch] = {};
+  stream_phase<kCompute>(data, ph, sink, none, 0);
+  sink.flush(out);
+}
+
+template <bool kCompute, bool kPrefetchNext>
+__global__ void __launch_bounds__(kThreads) persistent_step(const uint4* data, const Phase* phases, int n_phases,
+                                                            unsigned* count, unsigned* generation, unsigned* out) {
+  Sink<kCompute> sink(threadIdx.x + 1);
+  uint4 pre[kPrefetch] = {};
+  int skip = 0;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (int ph = 0; ph < n_phases; ++ph) {
+    const Phase here = phases[ph];
+    stream_phase<kCompute>(data, here, sink, pre, skip);
+    skip = 0;
+    if (ph + 1 == n_phases) break;
+    if constexpr (kPrefetchNext) {  // the next phase's weights depend on nothing: ask for them before waiting
+      const Phase next = phases[ph + 1];
+      if (first + (kPrefetch - 1) * stride < next.units) {
+#pragma unroll
+        for (int k = 0; k < kPrefetch; ++k) pre[k] = load_streaming(data + next.offset + first + k * stride);
+        skip = kPrefetch;
+      }
+    }
+    grid_barrier(count, generation);
+  }
+  sink.flush(out);
+}
+
+__global__ void __launch_bounds__(kThreads) barrier_loop(int n, unsigned* count, unsigned* generation) {
+  for (int i = 0; i < n; ++i) grid_barrier(count, generation);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20, layers = 32, blocks_per_sm = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
+    else if (arg == "--layers" && i + 1 < argc) layers = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--blocks-per-sm" && i + 1 < argc) blocks_per_sm = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: %s [--reps N] [--layers N] [--blocks-per-sm N]\n", argv[0]);
+      return 2;
+    }
+  }
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (!prop.cooperativeLaunch) {
+    std::fprintf(stderr, "%s cannot launch cooperative kernels\n", prop.name);
+    return 1;
+  }
+
+  // The step's phases, in 16-byte units, back to back in one buffer.
+  const int64_t hidden = 4096, inner = 14336, kv = 1024, vocab = 128256;
+  const int64_t layer_bytes[4] = {(hidden + 2 * kv) * hidden / 2, hidden * hidden / 2, 2 * inner * hidden / 2,
+                                  hidden * inner / 2};
+  std::vector<Phase> phases;
+  int64_t units = 0;
+  for (int l = 0; l < layers; ++l) {
+    for (int64_t b : layer_bytes) {
+      phases.push_back({units, b / 16});
+      units += b / 16;
+    }
+  }
+  phases.push_back({units, vocab * hidden / 16});  // the 8-bit LM head
+  units += vocab * hidden / 16;
+  const double bytes = static_cast<double>(units) * 16;
+
+  uint4* data = nullptr;
+  Phase* phases_dev = nullptr;
+  unsigned *count = nullptr, *generation = nullptr, *out = nullptr;
+  PROBE_CHECK(cudaMalloc(&data, static_cast<size_t>(units) * 16));
+  PROBE_CHECK(cudaMemset(data, 0x5A, static_cast<size_t>(units) * 16));
+  PROBE_CHECK(cudaMalloc(&phases_dev, phases.size() * sizeof(Phase)));
+  PROBE_CHECK(cudaMemcpy(phases_dev, phases.data(), phases.size() * sizeof(Phase), cudaMemcpyHostToDevice));
+  PROBE_CHECK(cudaMalloc(&count, 4));
+  PROBE_CHECK(cudaMalloc(&generation, 4));
+  PROBE_CHECK(cudaMalloc(&out, 4));
+  PROBE_CHECK(cudaMemset(count, 0, 4));
+  PROBE_CHECK(cudaMemset(generation, 0, 4));
+  cudaStream_t stream;
+  PROBE_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  PROBE_CHECK(cudaEventCreate(&start));
+  PROBE_CHECK(cudaEventCreate(&stop));
+  auto time_us = [&](auto&& launch) {
+    launch();  // warm-up
+    PROBE_CHECK(cudaStreamSynchronize(stream));
+    std::vector<double> samples;
+    for (int r = 0; r < reps; ++r) {
+      PROBE_CHECK(cudaEventRecord(start, stream));
+      launch();
+      PROBE_CHECK(cudaEventRecord(stop, stream));
+      PROBE_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      samples.push_back(ms * 1000.0);
+    }
+    return median(samples);
+  };
+
+  // The floor: device-to-device copy of 1 GiB (read + write counted).
+  double copy_gbs = 0;
+  {
+    const size_t n = size_t{1} << 30;
+    void *a = nullptr, *b = nullptr;
+    PROBE_CHECK(cudaMalloc(&a, n));
+    PROBE_CHECK(cudaMalloc(&b, n));
+    const double us = time_us([&] { PROBE_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, stream)); });
+    copy_gbs = 2.0 * n / (us * 1e-6) / 1e9;
+    PROBE_CHECK(cudaFree(a));
+    PROBE_CHECK(cudaFree(b));
+  }
+
+  // One grid for every variant: as many 128-thread blocks as the persistent kernel keeps resident (at most 4 an
+  // SM, the token generator's GEMV grids), or --blocks-per-sm.
+  int resident = 0;
+  PROBE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, persistent_step<true, true>, kThreads, 0));
+  const int per_sm = blocks_per_sm > 0 ? std::min(blocks_per_sm, resident) : std::min(resident, 4);
+  const unsigned grid = static_cast<unsigned>(per_sm * prop.multiProcessorCount);
+  std::printf("device: %s, %d SMs; grid %u blocks of %d threads (%d an SM, %d resident at most); %d layers + LM head,"
+              " %.2f GB a step; device-to-device copy %.0f GB/s: floor %.1f us a step\n\n",
+              prop.name, prop.multiProcessorCount, grid, kThreads, per_sm, resident, layers, bytes / 1e9, copy_gbs,
+              bytes / (copy_gbs * 1e9) * 1e6);
+
+  {
+    const int n = 1000;
+    void* args[] = {const_cast<int*>(&n), &count, &generation};
+    const double us = time_us([&] {
+      PROBE_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(barrier_loop), dim3(grid), dim3(kThreads), args, 0,
+                                              stream));
+    });
+    std::printf("grid barrier: %.2f us each (%d in one kernel)\n\n", us / n, n);
+  }
+
+  std::printf("| variant | arithmetic | us a step | GB/s | %% of copy | tok/s at that rate |\n|---|---|---:|---:|---:|---:|\n");
+  auto report = [&](const char* variant, bool compute, double us) {
+    const double gbs = bytes / (us * 1e-6) / 1e9;
+    std::printf("| %s | %s | %.1f | %.0f | %.0f%% | %.0f |\n", variant, compute ? "dequant + mma" : "loads only", us,
+                gbs, 100.0 * gbs / copy_gbs, 1e6 / us);
+    std::fflush(stdout);
+  };
+  auto run_kernels = [&](auto kernel, bool compute) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    PROBE_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (const Phase& ph : phases) kernel<<<grid, kThreads, 0, stream>>>(data, ph, out);
+    PROBE_CHECK(cudaStreamEndCapture(stream, &graph));
+    PROBE_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    report("kernels (one a phase, CUDA graph)", compute, time_us([&] { PROBE_CHECK(cudaGraphLaunch(exec, stream)); }));
+    PROBE_CHECK(cudaGraphExecDestroy(exec));
+    PROBE_CHECK(cudaGraphDestroy(graph));
+  };
+  auto run_persistent = [&](auto kernel, const char* name, bool compute) {
+    int n_phases = static_cast<int>(phases.size());
+    void* args[] = {&data, &phases_dev, &n_phases, &count, &generation, &out};
+    report(name, compute, time_us([&] {
+             PROBE_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(grid), dim3(kThreads), args,
+                                                     0, stream));
+           }));
+  };
+  for (bool compute : {false, true}) {
+    if (compute) {
+      run_kernels(phase_kernel<true>, true);
+      run_persistent(persistent_step<true, false>, "persistent (grid barriers)", true);
+      run_persistent(persistent_step<true, true>, "persistent + next phase's loads before the barrier", true);
+    } else {
+      run_kernels(phase_kernel<false>, false);
+      run_persistent(persistent_step<false, false>, "persistent (grid barriers)", false);
+      run_persistent(persistent_step<false, true>, "persistent + next phase's loads before the barrier", false);
+    }
+  }
+  PROBE_CHECK(cudaGetLastError());
+  PROBE_CHECK(cudaDeviceSynchronize());
+  return 0;
+}
