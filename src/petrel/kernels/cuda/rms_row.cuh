@@ -26,7 +26,7 @@ inline int rms_row_threads(int64_t dim) {
 // Thread t holds the kRmsRowRegs consecutive elements rms_row_first(t) .. + 7 of the row in registers
 // (elements past 8 * blockDim.x, rows above 8192 at most 1024 threads, are the tail: strided loops). The
 // first version gave thread t elements t, t + blockDim.x, ...: scalar loads, stores and index arithmetic,
-// ~1,000 instructions a warp for a 4096 row (6.2 us for 29 rows on an H200, 12 cycles an instruction with
+// ~1,000 instructions a warp for a 4096 row (6.2-9.3 us for 29 rows on an H200, 12 cycles an instruction with
 // 16 warps an SM); consecutive elements move as 16-byte vectors and make the fused GEMM staging's 4-bit
 // fragment (8 inputs) one store.
 __device__ __forceinline__ int64_t rms_row_first(int thread) { return int64_t{thread} * kRmsRowRegs; }
