@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kRmsRowMaxThreads)
     row_out[i - p + (p % kHalf) * 2 + p / kHalf] = __float2half_rn(value);
   };
   float v[kRmsRowRegs], w[kRmsRowRegs];
-  const bool vectorized = rms_row_vectorized(xr, rr, sr, cols, weight);
+  const bool vectorized = rms_row_vectorized(xr, rr, sr, cols, weight) && aligned16(row_out);
   const float inv_rms = rms_row_first_pass(xr, rr, sr, cols, weight, weight_type, eps, vectorized, v, w);
   const int64_t i0 = rms_row_first(threadIdx.x);
   if (vectorized) {  // 8 consecutive inputs: one 4-bit word's fragment, or two 8-bit words'; one 16-byte store
