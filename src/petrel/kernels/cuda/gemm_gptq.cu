@@ -89,7 +89,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -589,19 +588,9 @@ template <int kBits, int kTiles, int kWarps, int kStages, bool kGrouped>
 Status launch_fused(const FusedArgs& args, int64_t token_tiles, const GemmPlan& plan, Stream stream, bool overlap) {
   auto kernel = gemm_gptq_tensor_core<kBits, kTiles, kWarps, kStages, kGrouped>;
   constexpr int kShared = kStages * kStageBytesOf<kBits, kTiles, kWarps>;
-  // The opt-in beyond 48 KB of shared memory, once per kernel and device (a host call of a few microseconds
-  // that small products would otherwise pay on every call).
-  static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error != cudaSuccess) return cuda_status(error, "gemm_gptq: cudaGetDevice");
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
-    if (error != cudaSuccess) {
-      return cuda_status(error, "gemm_gptq: cudaFuncSetAttribute(" + std::to_string(kShared) + " bytes of shared memory)");
-    }
-    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  const cudaError_t error = raise_shared_limit_once<gemm_gptq_tensor_core<kBits, kTiles, kWarps, kStages, kGrouped>>(kShared);
+  if (error != cudaSuccess) {
+    return cuda_status(error, "gemm_gptq: raising the shared-memory limit to " + std::to_string(kShared) + " bytes");
   }
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(plan.row_blocks),
                   static_cast<unsigned>(plan.k_splits));

@@ -130,7 +130,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "petrel/kernels/cuda/activation.cuh"
@@ -899,21 +898,10 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   const auto kernel = gemv_gptq_tensor_core<kBits, kInput, kTiles>;
-  if (shared > 48 * 1024) {
-    // A batch's staged x (plan_gemv_gptq_batch bounds it by kMaxBatchSharedBytes): the kernel's limit is raised to
-    // that bound once per kernel and device, not on every launch (a host call of a few microseconds that the
-    // prompt processor would pay per layer).
-    static std::atomic<uint64_t> opted_in{0};
-    int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
+  if (shared > 48 * 1024) {  // a batch's staged x, which plan_gemv_gptq_batch bounds by kMaxBatchSharedBytes
+    const cudaError_t e = raise_shared_limit_once<gemv_gptq_tensor_core<kBits, kInput, kTiles>>(
+        static_cast<int>(GemvPlan::kMaxBatchSharedBytes));
     if (e != cudaSuccess) return e;
-    const uint64_t bit = uint64_t{1} << (device % 64);
-    if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(GemvPlan::kMaxBatchSharedBytes));
-      if (e != cudaSuccess) return e;
-      opted_in.fetch_or(bit, std::memory_order_relaxed);
-    }
   }
   if (args.cluster_reduce) {
     return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);

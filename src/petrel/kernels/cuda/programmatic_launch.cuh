@@ -20,6 +20,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <utility>
 
 namespace petrel::cuda {
@@ -83,6 +85,22 @@ cudaError_t launch_kernel_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, 
   attributes[0].val.clusterDim.y = cluster.y;
   attributes[0].val.clusterDim.z = cluster.z;
   return launch_with_attributes(kernel, grid, block, shared, stream, attributes, overlap ? 2 : 1, std::forward<Args>(args)...);
+}
+
+// Lets `Kernel` use up to `bytes` of dynamic shared memory (the opt-in above 48 KB), once per kernel and device:
+// a host call of a few microseconds that small launches (the prompt processor's, every layer) would otherwise
+// pay each time. `bytes` must be the same on every call for one kernel (the largest its launches use).
+template <auto Kernel>
+cudaError_t raise_shared_limit_once(int bytes) {
+  static std::atomic<uint64_t> raised{0};  // a bit per device
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error != cudaSuccess) return error;
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if (raised.load(std::memory_order_relaxed) & bit) return cudaSuccess;
+  error = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (error == cudaSuccess) raised.fetch_or(bit, std::memory_order_relaxed);
+  return error;
 }
 
 }  // namespace petrel::cuda
