@@ -184,6 +184,39 @@ TEST(GemmCuda, PlansLlamaShapesInTheDefaultWorkspace) {
   }
 }
 
+TEST(GemmCuda, PlansAShortPromptsGateUpAsOneBlockAnSm) {
+  // gate+up as one launch (28,672 rows) for a chat turn of 17..32 tokens: 3 stages (157 KB of shared memory, so
+  // one block an SM) and no split-K; measured faster in the overlapped prompt than 2 stages with 1 or 2 splits
+  // (gemm.cc). Longer chunks and smaller matrices keep the general rule.
+  const int64_t capacity = int64_t{256} << 20;
+  for (int64_t group : {int64_t{128}, int64_t{4096}}) {
+    const cuda::DeviceGptqMatrix gate_up = shape_only(4, 28672, 4096, group);
+    for (int64_t m : {17, 29, 32}) {
+      SCOPED_TRACE("group " + std::to_string(group) + " m " + std::to_string(m));
+      auto plan = cuda::plan_gemm_gptq(gate_up, m, 132, capacity, 1 << 16);
+      ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+      EXPECT_EQ(plan->token_tile, 32);
+      EXPECT_EQ(plan->warps, 8);
+      EXPECT_EQ(plan->stages, 3);
+      EXPECT_EQ(plan->k_splits, 1);
+      EXPECT_EQ(plan->row_blocks, 112);
+      EXPECT_GT(plan->shared_bytes, 228 * 1024 / 2) << "two blocks would fit on an SM";
+    }
+    auto longer = cuda::plan_gemm_gptq(gate_up, 64, 132, capacity, 1 << 16);
+    ASSERT_TRUE(longer.ok());
+    EXPECT_EQ(longer->stages, 2);
+    auto qo = cuda::plan_gemm_gptq(shape_only(4, 4096, 4096, group), 29, 132, capacity, 1 << 16);
+    ASSERT_TRUE(qo.ok());
+    EXPECT_EQ(qo->stages, 2);
+  }
+  // An explicit stage count is kept.
+  cuda::GemmOptions two;
+  two.stages = 2;
+  auto plan = cuda::plan_gemm_gptq(shape_only(4, 28672, 4096, 128), 29, 132, capacity, 1 << 16, two);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->stages, 2);
+}
+
 // ---- On the GPU.
 
 struct GptqCase {

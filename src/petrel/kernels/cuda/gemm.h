@@ -80,7 +80,8 @@ struct GemmOptions {
   int k_splits = 0;    // blocks along the input dimension (split-K)
   int stages = 0;      // chunks in the shared-memory pipeline: 2 or 3
   // The fused kernel's launches (x staging, product) overlap the kernel before each on the stream (programmatic
-  // dependent launch; each waits for it before it reads or writes anything). The dequant + cuBLAS path ignores it.
+  // dependent launch; each waits for it before it reads anything it wrote or writes global memory: the product
+  // requests its first weights before the wait). The dequant + cuBLAS path ignores it.
   bool overlap_previous = false;
   // gemm_gptq_group: the members' products in ONE launch, their row blocks side by side in one grid planned as
   // one matrix of all their rows (more blocks to spread over the SMs at small m, one launch and one tail instead
