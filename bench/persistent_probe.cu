@@ -7,7 +7,9 @@
 // It streams the bytes of Llama-3.1-8B's decode step (per layer, 4-bit per channel: q/k/v 12.6 MB, o 8.4,
 // gate/up 58.7, down 29.4; then the 8-bit LM head, 525 MB) as 4 phases a layer and one for the head, three ways:
 //   kernels     one kernel a phase (grid-stride 16-byte loads), all captured in one CUDA graph: the step's
-//               structure today, without its other costs (and without programmatic dependent launch);
+//               structure today, without its other costs; and the same with each kernel overlapping the one
+//               before it (programmatic dependent launch, its first loads issued before the wait), as the
+//               token generator launches its kernels;
 //   persistent  one cooperative kernel for the whole step, phases separated by a grid barrier (an arrival
 //               counter and a generation word in global memory);
 //   prefetch    the same, each thread's first kPrefetch loads of the next phase issued before the barrier;
@@ -28,10 +30,14 @@
 #include <vector>
 
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
+#include "petrel/kernels/cuda/programmatic_launch.cuh"
 
 namespace {
 
 using namespace petrel::cuda::ptx;
+using petrel::cuda::allow_dependent_launch;
+using petrel::cuda::launch_kernel;
+using petrel::cuda::wait_for_previous_kernel;
 
 #define PROBE_CHECK(call)                                                                            \
   do {                                                                                               \
@@ -139,6 +145,26 @@ __global__ void __launch_bounds__(kThreads) phase_kernel(const uint4* data, Phas
   Sink<kCompute> sink(threadIdx.x + 1);
   const uint4 none[kPrefetch] = {};
   stream_phase<kCompute>(data, ph, sink, none, 0);
+  sink.flush(out);
+}
+
+// phase_kernel as the token generator launches its kernels: overlapping the one before it (programmatic
+// dependent launch), its first kPrefetch loads issued before griddepcontrol.wait (the weights depend on nothing).
+template <bool kCompute>
+__global__ void __launch_bounds__(kThreads) phase_kernel_overlapped(const uint4* data, Phase ph, unsigned* out) {
+  allow_dependent_launch();
+  Sink<kCompute> sink(threadIdx.x + 1);
+  uint4 pre[kPrefetch] = {};
+  int skip = 0;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (first + (kPrefetch - 1) * stride < ph.units) {
+#pragma unroll
+    for (int k = 0; k < kPrefetch; ++k) pre[k] = load_streaming(data + ph.offset + first + k * stride);
+    skip = kPrefetch;
+  }
+  wait_for_previous_kernel();
+  stream_phase<kCompute>(data, ph, sink, pre, skip);
   sink.flush(out);
 }
 
@@ -293,14 +319,18 @@ int main(int argc, char** argv) {
                 gbs, 100.0 * gbs / copy_gbs, 1e6 / us);
     std::fflush(stdout);
   };
-  auto run_kernels = [&](auto kernel, bool compute) {
+  auto run_kernels = [&](auto kernel, bool overlap, bool compute) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     PROBE_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (const Phase& ph : phases) kernel<<<grid, kThreads, 0, stream>>>(data, ph, out);
+    for (const Phase& ph : phases) {
+      PROBE_CHECK(launch_kernel(kernel, dim3(grid), dim3(kThreads), 0, stream, overlap, data, ph, out));
+    }
     PROBE_CHECK(cudaStreamEndCapture(stream, &graph));
     PROBE_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    report("kernels (one a phase, CUDA graph)", compute, time_us([&] { PROBE_CHECK(cudaGraphLaunch(exec, stream)); }));
+    report(overlap ? "kernels, each overlapping the one before (PDL), first loads before the wait"
+                   : "kernels (one a phase, CUDA graph)",
+           compute, time_us([&] { PROBE_CHECK(cudaGraphLaunch(exec, stream)); }));
     PROBE_CHECK(cudaGraphExecDestroy(exec));
     PROBE_CHECK(cudaGraphDestroy(graph));
   };
@@ -314,11 +344,13 @@ int main(int argc, char** argv) {
   };
   for (bool compute : {false, true}) {
     if (compute) {
-      run_kernels(phase_kernel<true>, true);
+      run_kernels(phase_kernel<true>, false, true);
+      run_kernels(phase_kernel_overlapped<true>, true, true);
       run_persistent(persistent_step<true, false>, "persistent (grid barriers)", true);
       run_persistent(persistent_step<true, true>, "persistent + next phase's loads before the barrier", true);
     } else {
-      run_kernels(phase_kernel<false>, false);
+      run_kernels(phase_kernel<false>, false, false);
+      run_kernels(phase_kernel_overlapped<false>, true, false);
       run_persistent(persistent_step<false, false>, "persistent (grid barriers)", false);
       run_persistent(persistent_step<false, true>, "persistent + next phase's loads before the barrier", false);
     }
