@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
 
@@ -39,14 +40,7 @@ using petrel::cuda::allow_dependent_launch;
 using petrel::cuda::launch_kernel;
 using petrel::cuda::wait_for_previous_kernel;
 
-#define PROBE_CHECK(call)                                                                            \
-  do {                                                                                               \
-    const cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
+#define PROBE_CHECK PETREL_BENCH_CHECK_CUDA
 
 constexpr int kThreads = 128;
 constexpr int kBatch = 8;     // 16-byte loads a thread issues together
@@ -198,11 +192,6 @@ __global__ void __launch_bounds__(kThreads) barrier_loop(int n, unsigned* count,
   for (int i = 0; i < n; ++i) grid_barrier(count, generation);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,11 +206,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int device_count = 0;
-  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 1;
-  }
+  petrel::bench::open_first_device();  // exits with "no CUDA device: <why>" when there is none
   cudaDeviceProp prop{};
   PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
   if (!prop.cooperativeLaunch) {
@@ -275,21 +260,9 @@ int main(int argc, char** argv) {
       PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
       samples.push_back(ms * 1000.0);
     }
-    return median(samples);
+    return petrel::bench::median(samples);
   };
-
-  // The floor: device-to-device copy of 1 GiB (read + write counted).
-  double copy_gbs = 0;
-  {
-    const size_t n = size_t{1} << 30;
-    void *a = nullptr, *b = nullptr;
-    PROBE_CHECK(cudaMalloc(&a, n));
-    PROBE_CHECK(cudaMalloc(&b, n));
-    const double us = time_us([&] { PROBE_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, stream)); });
-    copy_gbs = 2.0 * n / (us * 1e-6) / 1e9;
-    PROBE_CHECK(cudaFree(a));
-    PROBE_CHECK(cudaFree(b));
-  }
+  const double copy_gbs = petrel::bench::copy_bandwidth_gbs(stream, 20);  // the floor (read + write counted)
 
   // One grid for every variant: as many 128-thread blocks as the persistent kernel keeps resident (at most 4 an
   // SM, the token generator's GEMV grids), or --blocks-per-sm.
