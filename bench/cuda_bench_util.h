@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,6 +37,16 @@ template <typename T>
 T take(Result<T> r, const char* what) {
   check(r.status(), what);
   return std::move(r).value();
+}
+
+// "a,b,,c" -> {"a", "b", "c"}: the benchmarks' list flags (--groups, --variants, --shapes, --m).
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
 }
 
 inline double median(std::vector<double> v) {

@@ -80,6 +80,7 @@ using namespace petrel;
 using petrel::bench::check;
 using petrel::bench::copy_bandwidth_gbs;
 using petrel::bench::median;
+using petrel::bench::split_list;
 using petrel::bench::take;
 #define CHECK_CUDA PETREL_BENCH_CHECK_CUDA
 
@@ -184,15 +185,6 @@ struct Options {
   bool kernels = false;
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused", "fused-cluster"};
 };
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;

@@ -52,6 +52,7 @@ using namespace petrel;
 using petrel::bench::check;
 using petrel::bench::copy_bandwidth_gbs;
 using petrel::bench::median;
+using petrel::bench::split_list;
 using petrel::bench::take;
 #define CHECK_CUDA PETREL_BENCH_CHECK_CUDA
 
@@ -199,18 +200,6 @@ int main(int argc, char** argv) {
   std::vector<int64_t> only_m;
   std::vector<int64_t> groups = {-1, 128};
   std::vector<std::string> shape_keys = {"qo", "kv", "gateup", "down"};
-  auto split_list = [](const std::string& text) {
-    std::vector<std::string> out;
-    size_t start = 0;
-    while (start <= text.size()) {
-      const size_t comma = text.find(',', start);
-      const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (!item.empty()) out.push_back(item);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    return out;
-  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--sweep") sweep = true;
