@@ -1,7 +1,7 @@
 // petrel_bench_gemv_cuda: the CUDA W4A16 GEMV on Llama-3.1-8B's decode shapes, against the device's own
 // copy bandwidth measured in the same run.
 //
-//   petrel_bench_gemv_cuda [--sweep] [--reps N] [--calls N] [--json FILE]
+//   petrel_bench_gemv_cuda [--sweep] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
 //
 // For each shape: random GPTQ tensors (speed does not depend on the values), checked once against
 // ref::matmul (x rounded to fp16, as the tensor-core kernel multiplies it); then the median over --reps of
@@ -9,7 +9,9 @@
 // from a CUDA graph. The calls rotate over enough copies of the weights (>= 256 MB) that they come from
 // device memory, not the 50-60 MB L2. GB/s counts the weight bytes (qweight, scales, zeros) over the time;
 // "% copy" compares that with a device-to-device cudaMemcpy of 1 GiB, counting its bytes read plus written.
-// --sweep also times the tensor-core kernel at fixed k_splits, to check the planner's choice.
+// --sweep also times the tensor-core kernel at fixed k_splits, to check the planner's choice. --shapes replaces
+// the Llama shapes with 4-bit rows x cols matrices (":128" for group 128), e.g. to see how a GEMV's time
+// follows its grid: 28672x4096 is 448 blocks of 64 steps, 33792x3456 the same bytes in 528 blocks of 54.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <random>
 #include <string>
@@ -141,14 +144,27 @@ int main(int argc, char** argv) {
   int reps = 30, calls = 50;
   bool sweep = false;
   std::string json_path;
+  std::vector<Shape> custom;
+  std::deque<std::string> custom_names;  // Shape::name points into these
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--sweep") sweep = true;
+    if (arg == "--shapes" && i + 1 < argc) {
+      for (const std::string& item : petrel::bench::split_list(argv[++i])) {
+        long long rows = 0, cols = 0, group = -1;
+        const int n = std::sscanf(item.c_str(), "%lldx%lld:%lld", &rows, &cols, &group);
+        if (n < 2 || rows <= 0 || cols <= 0 || (n == 3 && group <= 0)) {
+          std::fprintf(stderr, "--shapes: '%s' is not ROWSxCOLS or ROWSxCOLS:GROUP\n", item.c_str());
+          return 2;
+        }
+        custom_names.push_back(item);
+        custom.push_back({custom_names.back().c_str(), rows, cols, 4, n == 3 ? group : -1});
+      }
+    } else if (arg == "--sweep") sweep = true;
     else if (arg == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--calls N] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n", argv[0]);
       return 2;
     }
   }
@@ -185,7 +201,7 @@ int main(int argc, char** argv) {
   std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
   std::printf("streaming read kernel (1 GiB, 16-byte loads): %.0f GB/s\n\n", read_gbs);
 
-  const Shape shapes[] = {
+  const std::vector<Shape> llama_shapes = {
       {"tiny 128x256 (launch cost)", 128, 256, 4, -1},
       {"q/o_proj 4096x4096", 4096, 4096, 4, -1},      {"q/o_proj 4096x4096", 4096, 4096, 4, 128},
       {"k/v_proj 1024x4096", 1024, 4096, 4, -1},      {"k/v_proj 1024x4096", 1024, 4096, 4, 128},
@@ -198,7 +214,7 @@ int main(int argc, char** argv) {
               "weight GB/s | %% of copy | rel L2 vs ref |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(5);
-  for (const Shape& s : shapes) {
+  for (const Shape& s : custom.empty() ? llama_shapes : custom) {
     const quant::GptqTensors host = random_gptq(s, rng);
     const ref::GptqMatrix hm = host.view();
     auto first = take(cuda::DeviceGptqWeights::upload(hm), "upload");
