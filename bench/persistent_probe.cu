@@ -13,6 +13,9 @@
 //   persistent  one cooperative kernel for the whole step, phases separated by a grid barrier (an arrival
 //               counter and a generation word in global memory);
 //   prefetch    the same, each thread's first kPrefetch loads of the next phase issued before the barrier;
+//   ring        the same with each block's share of every phase streamed through a ring of shared-memory
+//               buffers by the bulk copy engine, requested 5 chunks of 8 KB ahead across the barriers (the
+//               shape of a resident step whose blocks own their SM); and that ring without barriers;
 // each with loads only and with the token generator's arithmetic on every 16 bytes (four magic-number
 // dequantizations of a 4-bit word and four mma.m16n8k16, gptq_ptx.cuh: what gemv_gptq.cu does a step). It also
 // times one grid barrier (1,000 in a row). Output: median us a step over --reps, GB/s, the tok/s those would
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include "cuda_bench_util.h"
+#include "petrel/kernels/cuda/bulk_copy.cuh"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
 
@@ -37,6 +41,12 @@ namespace {
 
 using namespace petrel::cuda::ptx;
 using petrel::cuda::allow_dependent_launch;
+using petrel::cuda::bulk_copy_to_shared;
+using petrel::cuda::fence_barrier_init;
+using petrel::cuda::fence_proxy_async_shared;
+using petrel::cuda::mbarrier_arrive_expect_tx;
+using petrel::cuda::mbarrier_init;
+using petrel::cuda::mbarrier_wait;
 using petrel::cuda::launch_kernel;
 using petrel::cuda::wait_for_previous_kernel;
 
@@ -99,14 +109,14 @@ __device__ __forceinline__ void stream_phase(const uint4* data, const Phase& ph,
   for (int k = 0; k < skip; ++k) sink.eat(pre[k]);
   // Whole batches, the last one predicated: a thread has only ~12 units of a q/k/v phase (67,584 threads), and
   // the first version's one-at-a-time tail loop paid a memory latency per unit (see docs/PERFORMANCE.md).
-  for (int64_t i = first + skip * stride; i < ph.units; i += kBatch * stride) {
+  // The loop runs while the warp's first lane has units, so that whole warps reach the Sink's mma.sync.
+  const int64_t lane = threadIdx.x % 32;
+  for (int64_t i = first + skip * stride; i - lane < ph.units; i += kBatch * stride) {
     uint4 v[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) v[k] = i + k * stride < ph.units ? load_streaming(p + i + k * stride) : uint4{};
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      if (i + k * stride < ph.units) sink.eat(v[k]);
-    }
+    for (int k = 0; k < kBatch; ++k) sink.eat(v[k]);  // zeros past the end: whole warps reach mma.sync
   }
 }
 
@@ -184,6 +194,93 @@ __global__ void __launch_bounds__(kThreads) persistent_step(const uint4* data, c
       }
     }
     grid_barrier(count, generation);
+  }
+  sink.flush(out);
+}
+
+// The ring variant: each block streams its share of every phase (a contiguous range, in chunks of kRingChunk
+// units) through kRingStages shared-memory buffers filled by the bulk copy engine (cp.async.bulk, completing
+// on an mbarrier per buffer). Thread 0 keeps kRingStages chunks requested ahead of the one being consumed,
+// across phase boundaries: while the grid waits at a barrier, the next phase's first chunks are landing. This
+// is the shape a resident decode step would have (its blocks own their SM, no other kernel's blocks beside
+// them); kBarriers false streams the same bytes with no barrier at all (the ring's own ceiling).
+constexpr int kRingChunk = 512;  // 16-byte units: 8 KB
+constexpr int kRingStages = 5;   // 40 KB a block
+constexpr size_t kRingSharedBytes = size_t{kRingStages} * kRingChunk * 16 + kRingStages * sizeof(uint64_t);
+
+struct Cursor {
+  int ph;
+  int64_t pos, end;  // this block's remaining units of phase ph
+};
+
+__device__ __forceinline__ void enter_phase(Cursor& c, const Phase* phases) {
+  const Phase p = phases[c.ph];
+  c.pos = p.offset + p.units * blockIdx.x / gridDim.x;
+  c.end = p.offset + p.units * (blockIdx.x + 1) / gridDim.x;
+}
+
+// The next chunk of this block's shares (first unit, count); `starts` when it opens a phase after the first.
+__device__ __forceinline__ bool take_chunk(Cursor& c, const Phase* phases, int n_phases, int64_t& first, int& count,
+                                           bool& starts) {
+  starts = false;
+  while (c.pos >= c.end) {
+    if (++c.ph >= n_phases) return false;
+    enter_phase(c, phases);
+    starts = true;
+  }
+  first = c.pos;
+  count = static_cast<int>(min(int64_t{kRingChunk}, c.end - c.pos));
+  c.pos += count;
+  return true;
+}
+
+template <bool kCompute, bool kBarriers>
+__global__ void __launch_bounds__(kThreads) persistent_ring(const uint4* data, const Phase* phases, int n_phases,
+                                                            unsigned* count, unsigned* generation, unsigned* out) {
+  extern __shared__ uint4 ring[];  // [kRingStages][kRingChunk], then the barriers
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingStages * kRingChunk);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRingStages; ++s) mbarrier_init(full + s, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  Sink<kCompute> sink(threadIdx.x + 1);
+  Cursor issue{0, 0, 0}, consume{0, 0, 0};
+  enter_phase(issue, phases);
+  enter_phase(consume, phases);
+  int64_t issued = 0;
+  auto issue_next = [&] {  // thread 0
+    int64_t first = 0;
+    int units = 0;
+    bool starts = false;
+    if (!take_chunk(issue, phases, n_phases, first, units, starts)) return;
+    const int stage = static_cast<int>(issued % kRingStages);
+    mbarrier_arrive_expect_tx(full + stage, static_cast<uint32_t>(units) * 16);
+    bulk_copy_to_shared(ring + stage * kRingChunk, data + first, static_cast<uint32_t>(units) * 16, full + stage);
+    ++issued;
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRingStages; ++s) issue_next();
+  }
+  for (int64_t i = 0;; ++i) {
+    int64_t first = 0;
+    int units = 0;
+    bool starts = false;
+    if (!take_chunk(consume, phases, n_phases, first, units, starts)) break;
+    if (kBarriers && starts) grid_barrier(count, generation);
+    const int stage = static_cast<int>(i % kRingStages);
+    mbarrier_wait(full + stage, static_cast<uint32_t>((i / kRingStages) & 1));
+    const uint4* chunk = ring + stage * kRingChunk;
+    // Whole warps call eat (its mma.sync needs every lane): lanes past the chunk's end eat zeros.
+    for (int base = 0; base < units; base += kThreads) {
+      const int u = base + static_cast<int>(threadIdx.x);
+      sink.eat(u < units ? chunk[u] : uint4{});
+    }
+    __syncthreads();  // the stage is read by every thread: the copy engine may refill it
+    if (threadIdx.x == 0) {
+      fence_proxy_async_shared();
+      issue_next();
+    }
   }
   sink.flush(out);
 }
@@ -307,25 +404,40 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaGraphExecDestroy(exec));
     PROBE_CHECK(cudaGraphDestroy(graph));
   };
-  auto run_persistent = [&](auto kernel, const char* name, bool compute) {
+  auto run_persistent = [&](auto kernel, const char* name, bool compute, size_t shared = 0) {
     int n_phases = static_cast<int>(phases.size());
     void* args[] = {&data, &phases_dev, &n_phases, &count, &generation, &out};
+    if (shared > 0) {
+      int fits = 0;
+      PROBE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fits, kernel, kThreads, shared));
+      if (fits < per_sm) {
+        std::printf("| %s | %s | (%d blocks an SM fit, %d needed) | | | |\n", name, compute ? "dequant + mma" : "loads only",
+                    fits, per_sm);
+        return;
+      }
+    }
     report(name, compute, time_us([&] {
              PROBE_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(grid), dim3(kThreads), args,
-                                                     0, stream));
+                                                     shared, stream));
            }));
   };
+  const char* kRingName = "persistent, weights through a shared-memory ring (bulk copies, 5 x 8 KB a block), grid barriers";
+  const char* kRingFreeName = "the same ring, no barriers (the ring's ceiling)";
   for (bool compute : {false, true}) {
     if (compute) {
       run_kernels(phase_kernel<true>, false, true);
       run_kernels(phase_kernel_overlapped<true>, true, true);
       run_persistent(persistent_step<true, false>, "persistent (grid barriers)", true);
       run_persistent(persistent_step<true, true>, "persistent + next phase's loads before the barrier", true);
+      run_persistent(persistent_ring<true, true>, kRingName, true, kRingSharedBytes);
+      run_persistent(persistent_ring<true, false>, kRingFreeName, true, kRingSharedBytes);
     } else {
       run_kernels(phase_kernel<false>, false, false);
       run_kernels(phase_kernel_overlapped<false>, true, false);
       run_persistent(persistent_step<false, false>, "persistent (grid barriers)", false);
       run_persistent(persistent_step<false, true>, "persistent + next phase's loads before the barrier", false);
+      run_persistent(persistent_ring<false, true>, kRingName, false, kRingSharedBytes);
+      run_persistent(persistent_ring<false, false>, kRingFreeName, false, kRingSharedBytes);
     }
   }
   PROBE_CHECK(cudaGetLastError());
