@@ -15,7 +15,9 @@
 //   prefetch    the same, each thread's first kPrefetch loads of the next phase issued before the barrier;
 //   ring        the same with each block's share of every phase streamed through a ring of shared-memory
 //               buffers by the bulk copy engine, requested 5 chunks of 8 KB ahead across the barriers (the
-//               shape of a resident step whose blocks own their SM); and that ring without barriers;
+//               shape of a resident step whose blocks own their SM); that ring with each phase waiting only
+//               for 32 blocks of the one before (a counter, zeroed by a memset inside the timing: what the
+//               step's RMSNorms need); and that ring with no waits at all;
 // each with loads only and with the token generator's arithmetic on every 16 bytes (four magic-number
 // dequantizations of a 4-bit word and four mma.m16n8k16, gptq_ptx.cuh: what gemv_gptq.cu does a step). It also
 // times one grid barrier (1,000 in a row). Output: median us a step over --reps, GB/s, the tok/s those would
@@ -203,7 +205,9 @@ __global__ void __launch_bounds__(kThreads) persistent_step(const uint4* data, c
 // on an mbarrier per buffer). Thread 0 keeps kRingStages chunks requested ahead of the one being consumed,
 // across phase boundaries: while the grid waits at a barrier, the next phase's first chunks are landing. This
 // is the shape a resident decode step would have (its blocks own their SM, no other kernel's blocks beside
-// them); kBarriers false streams the same bytes with no barrier at all (the ring's own ceiling).
+// them). Between phases: a grid barrier (RingWait::kBarrier), nothing (kNone: the ring's own ceiling), or a
+// wait for kProducers blocks to have finished the phase before (kCounter: what the step's RMSNorms need, the
+// 32 row tiles of x written; docs/RESIDENT_STEP.md).
 constexpr int kRingChunk = 512;  // 16-byte units: 8 KB
 constexpr int kRingStages = 5;   // 40 KB a block
 constexpr size_t kRingSharedBytes = size_t{kRingStages} * kRingChunk * 16 + kRingStages * sizeof(uint64_t);
@@ -234,9 +238,13 @@ __device__ __forceinline__ bool take_chunk(Cursor& c, const Phase* phases, int n
   return true;
 }
 
-template <bool kCompute, bool kBarriers>
+enum class RingWait { kNone, kBarrier, kCounter };
+constexpr unsigned kProducers = 32;
+
+template <bool kCompute, RingWait kWait>
 __global__ void __launch_bounds__(kThreads) persistent_ring(const uint4* data, const Phase* phases, int n_phases,
-                                                            unsigned* count, unsigned* generation, unsigned* out) {
+                                                            unsigned* count, unsigned* generation, unsigned* phase_done,
+                                                            unsigned* out) {
   extern __shared__ uint4 ring[];  // [kRingStages][kRingChunk], then the barriers
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingStages * kRingChunk);
   if (threadIdx.x == 0) {
@@ -267,7 +275,20 @@ __global__ void __launch_bounds__(kThreads) persistent_ring(const uint4* data, c
     int units = 0;
     bool starts = false;
     if (!take_chunk(consume, phases, n_phases, first, units, starts)) break;
-    if (kBarriers && starts) grid_barrier(count, generation);
+    if (starts && kWait == RingWait::kBarrier) grid_barrier(count, generation);
+    if (starts && kWait == RingWait::kCounter) {  // phase_done[p]: blocks 0 .. kProducers - 1 done with phase p
+      const int done = consume.ph - 1;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (blockIdx.x < kProducers) {
+          __threadfence();
+          atomicAdd(phase_done + done, 1u);
+        }
+        while (load_acquire(phase_done + done) < kProducers) {
+        }
+      }
+      __syncthreads();
+    }
     const int stage = static_cast<int>(i % kRingStages);
     mbarrier_wait(full + stage, static_cast<uint32_t>((i / kRingStages) & 1));
     const uint4* chunk = ring + stage * kRingChunk;
@@ -404,24 +425,34 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaGraphExecDestroy(exec));
     PROBE_CHECK(cudaGraphDestroy(graph));
   };
-  auto run_persistent = [&](auto kernel, const char* name, bool compute, size_t shared = 0) {
+  auto run_persistent = [&](auto kernel, const char* name, bool compute) {
     int n_phases = static_cast<int>(phases.size());
     void* args[] = {&data, &phases_dev, &n_phases, &count, &generation, &out};
-    if (shared > 0) {
-      int fits = 0;
-      PROBE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fits, kernel, kThreads, shared));
-      if (fits < per_sm) {
-        std::printf("| %s | %s | (%d blocks an SM fit, %d needed) | | | |\n", name, compute ? "dequant + mma" : "loads only",
-                    fits, per_sm);
-        return;
-      }
-    }
     report(name, compute, time_us([&] {
              PROBE_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(grid), dim3(kThreads), args,
-                                                     shared, stream));
+                                                     0, stream));
+           }));
+  };
+  unsigned* phase_done = nullptr;  // the kCounter ring's counters, zeroed before each launch (in the timing)
+  PROBE_CHECK(cudaMalloc(&phase_done, phases.size() * sizeof(unsigned)));
+  auto run_ring = [&](auto kernel, const char* name, bool compute) {
+    int fits = 0;
+    PROBE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fits, kernel, kThreads, kRingSharedBytes));
+    if (fits < per_sm) {
+      std::printf("| %s | %s | (%d blocks an SM fit, %d needed) | | | |\n", name, compute ? "dequant + mma" : "loads only",
+                  fits, per_sm);
+      return;
+    }
+    int n_phases = static_cast<int>(phases.size());
+    void* args[] = {&data, &phases_dev, &n_phases, &count, &generation, &phase_done, &out};
+    report(name, compute, time_us([&] {
+             PROBE_CHECK(cudaMemsetAsync(phase_done, 0, phases.size() * sizeof(unsigned), stream));
+             PROBE_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(grid), dim3(kThreads), args,
+                                                     kRingSharedBytes, stream));
            }));
   };
   const char* kRingName = "persistent, weights through a shared-memory ring (bulk copies, 5 x 8 KB a block), grid barriers";
+  const char* kRingCounterName = "the same ring, each phase waiting for 32 blocks of the one before (a counter)";
   const char* kRingFreeName = "the same ring, no barriers (the ring's ceiling)";
   for (bool compute : {false, true}) {
     if (compute) {
@@ -429,15 +460,17 @@ int main(int argc, char** argv) {
       run_kernels(phase_kernel_overlapped<true>, true, true);
       run_persistent(persistent_step<true, false>, "persistent (grid barriers)", true);
       run_persistent(persistent_step<true, true>, "persistent + next phase's loads before the barrier", true);
-      run_persistent(persistent_ring<true, true>, kRingName, true, kRingSharedBytes);
-      run_persistent(persistent_ring<true, false>, kRingFreeName, true, kRingSharedBytes);
+      run_ring(persistent_ring<true, RingWait::kBarrier>, kRingName, true);
+      run_ring(persistent_ring<true, RingWait::kCounter>, kRingCounterName, true);
+      run_ring(persistent_ring<true, RingWait::kNone>, kRingFreeName, true);
     } else {
       run_kernels(phase_kernel<false>, false, false);
       run_kernels(phase_kernel_overlapped<false>, true, false);
       run_persistent(persistent_step<false, false>, "persistent (grid barriers)", false);
       run_persistent(persistent_step<false, true>, "persistent + next phase's loads before the barrier", false);
-      run_persistent(persistent_ring<false, true>, kRingName, false, kRingSharedBytes);
-      run_persistent(persistent_ring<false, false>, kRingFreeName, false, kRingSharedBytes);
+      run_ring(persistent_ring<false, RingWait::kBarrier>, kRingName, false);
+      run_ring(persistent_ring<false, RingWait::kCounter>, kRingCounterName, false);
+      run_ring(persistent_ring<false, RingWait::kNone>, kRingFreeName, false);
     }
   }
   PROBE_CHECK(cudaGetLastError());
