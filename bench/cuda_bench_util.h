@@ -54,6 +54,29 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Median over `reps` of the time `launch()` takes on `stream` (us, CUDA events), after one warm-up launch.
+template <typename Launch>
+double median_event_us(cudaStream_t stream, int reps, Launch&& launch) {
+  cudaEvent_t start, stop;
+  PETREL_BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  PETREL_BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  launch();  // warm-up: module load, first touch
+  PETREL_BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    PETREL_BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    launch();
+    PETREL_BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    PETREL_BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    PETREL_BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1000.0);
+  }
+  PETREL_BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  PETREL_BENCH_CHECK_CUDA(cudaEventDestroy(stop));
+  return median(samples);
+}
+
 // GPU 0, made the current device; exits with "no CUDA device: <why>" when there is none.
 inline cuda::DeviceInfo open_first_device() {
   auto devices = take(cuda::list_devices(), "list_devices");

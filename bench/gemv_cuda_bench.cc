@@ -82,26 +82,11 @@ struct Timing {
 // Median time per call of `calls` calls over `reps` repetitions, on a stream and as a replayed graph.
 Timing time_gemv(const std::vector<cuda::DeviceGptqMatrix>& copies, const float* x, float* y,
                  cuda::GemvWorkspace& ws, cudaStream_t stream, const cuda::GemvOptions& options, int reps, int calls) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
   auto launch_all = [&] {
     for (int c = 0; c < calls; ++c) check(cuda::gemv_gptq(copies[c % copies.size()], x, y, ws, stream, options), "gemv");
   };
   Timing t;
-  std::vector<double> samples;
-  launch_all();  // warm-up: module load, first-touch
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    launch_all();
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(ms * 1000.0 / calls);
-  }
-  t.stream_us = median(samples);
+  t.stream_us = petrel::bench::median_event_us(stream, reps, launch_all) / calls;
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -109,23 +94,9 @@ Timing time_gemv(const std::vector<cuda::DeviceGptqMatrix>& copies, const float*
   launch_all();
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  samples.clear();
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(ms * 1000.0 / calls);
-  }
-  t.graph_us = median(samples);
+  t.graph_us = petrel::bench::median_event_us(stream, reps, [&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }) / calls;
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
   CHECK_CUDA(cudaGetLastError());
   return t;
 }

@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_bench_util.h"
@@ -362,24 +363,7 @@ int main(int argc, char** argv) {
   PROBE_CHECK(cudaMemset(generation, 0, 4));
   cudaStream_t stream;
   PROBE_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t start, stop;
-  PROBE_CHECK(cudaEventCreate(&start));
-  PROBE_CHECK(cudaEventCreate(&stop));
-  auto time_us = [&](auto&& launch) {
-    launch();  // warm-up
-    PROBE_CHECK(cudaStreamSynchronize(stream));
-    std::vector<double> samples;
-    for (int r = 0; r < reps; ++r) {
-      PROBE_CHECK(cudaEventRecord(start, stream));
-      launch();
-      PROBE_CHECK(cudaEventRecord(stop, stream));
-      PROBE_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      samples.push_back(ms * 1000.0);
-    }
-    return petrel::bench::median(samples);
-  };
+  auto time_us = [&](auto&& launch) { return petrel::bench::median_event_us(stream, reps, launch); };
   const double copy_gbs = petrel::bench::copy_bandwidth_gbs(stream, 20);  // the floor (read + write counted)
 
   // One grid for every variant: as many 128-thread blocks as the persistent kernel keeps resident (at most 4 an
@@ -454,25 +438,18 @@ int main(int argc, char** argv) {
   const char* kRingName = "persistent, weights through a shared-memory ring (bulk copies, 5 x 8 KB a block), grid barriers";
   const char* kRingCounterName = "the same ring, each phase waiting for 32 blocks of the one before (a counter)";
   const char* kRingFreeName = "the same ring, no barriers (the ring's ceiling)";
-  for (bool compute : {false, true}) {
-    if (compute) {
-      run_kernels(phase_kernel<true>, false, true);
-      run_kernels(phase_kernel_overlapped<true>, true, true);
-      run_persistent(persistent_step<true, false>, "persistent (grid barriers)", true);
-      run_persistent(persistent_step<true, true>, "persistent + next phase's loads before the barrier", true);
-      run_ring(persistent_ring<true, RingWait::kBarrier>, kRingName, true);
-      run_ring(persistent_ring<true, RingWait::kCounter>, kRingCounterName, true);
-      run_ring(persistent_ring<true, RingWait::kNone>, kRingFreeName, true);
-    } else {
-      run_kernels(phase_kernel<false>, false, false);
-      run_kernels(phase_kernel_overlapped<false>, true, false);
-      run_persistent(persistent_step<false, false>, "persistent (grid barriers)", false);
-      run_persistent(persistent_step<false, true>, "persistent + next phase's loads before the barrier", false);
-      run_ring(persistent_ring<false, RingWait::kBarrier>, kRingName, false);
-      run_ring(persistent_ring<false, RingWait::kCounter>, kRingCounterName, false);
-      run_ring(persistent_ring<false, RingWait::kNone>, kRingFreeName, false);
-    }
-  }
+  auto run_all = [&](auto compute_constant) {  // std::bool_constant: loads only, or with the arithmetic
+    constexpr bool kCompute = decltype(compute_constant)::value;
+    run_kernels(phase_kernel<kCompute>, false, kCompute);
+    run_kernels(phase_kernel_overlapped<kCompute>, true, kCompute);
+    run_persistent(persistent_step<kCompute, false>, "persistent (grid barriers)", kCompute);
+    run_persistent(persistent_step<kCompute, true>, "persistent + next phase's loads before the barrier", kCompute);
+    run_ring(persistent_ring<kCompute, RingWait::kBarrier>, kRingName, kCompute);
+    run_ring(persistent_ring<kCompute, RingWait::kCounter>, kRingCounterName, kCompute);
+    run_ring(persistent_ring<kCompute, RingWait::kNone>, kRingFreeName, kCompute);
+  };
+  run_all(std::false_type{});
+  run_all(std::true_type{});
   PROBE_CHECK(cudaGetLastError());
   PROBE_CHECK(cudaDeviceSynchronize());
   return 0;
