@@ -22,6 +22,8 @@
 // Variants (CudaModelOptions), all with the step replayed from a CUDA graph unless named "-nograph":
 //   unfused           the unfused step: 11 launches per layer, k/v and up on side streams
 //   fused             CudaModelOptions' defaults: the fused step (5 launches per layer), overlap, 16 steps of prefetch
+//   resident          the resident step (2 launches per layer: the GEMVs between two attention calls in one
+//                     launch of resident blocks, kernels/cuda/resident_gemv.cu; CudaModelOptions::resident_step)
 //   fused-serial      the fused step without overlap and without L2 prefetch, whatever the defaults
 //   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
 //   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
@@ -183,7 +185,7 @@ struct Options {
   int n_gen = 128;
   int prompt = 29;
   bool kernels = false;
-  std::vector<std::string> variants = {"unfused", "fused-serial", "fused", "fused-cluster"};
+  std::vector<std::string> variants = {"unfused", "fused-serial", "fused", "resident"};
 };
 
 bool variant_options(const std::string& name, CudaModelOptions& o) {
@@ -196,7 +198,9 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.attention_split = std::stoll(digits);
     base = base.substr(0, at);
   }
-  if (base == "unfused") {
+  o.resident_step = base == "resident";
+  if (base == "resident") {
+  } else if (base == "unfused") {
     o.fused_step = false;
   } else if (base == "fused-serial") {
     o.overlap_kernels = false;
@@ -592,6 +596,7 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     auto gpu = CudaModel::create(model, options);
     check(gpu.status(), "CudaModel::create");
     const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string label = variant + (options.resident_step && !(*gpu)->resident_step() ? " (not resident: shapes or GPU)" : "");
     std::vector<float> logits;
     std::vector<double> rates;
     for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up (graph capture, first touches)
@@ -642,7 +647,7 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
       std::snprintf(buf, sizeof buf, "%.2f | %.2f | %.2f", all_logits, top_only, after_idle);
       prompt_ms = buf;
     }
-    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %s |\n", variant.c_str(), o.n_gen, upload_s, mean,
+    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %s |\n", label.c_str(), o.n_gen, upload_s, mean,
                 1e3 / mean, gbs, 100.0 * gbs / copy_gbs, prompt_ms.c_str());
     std::fflush(stdout);
   }

@@ -245,7 +245,7 @@ constexpr unsigned kProducers = 32;
 template <bool kCompute, RingWait kWait>
 __global__ void __launch_bounds__(kThreads) persistent_ring(const uint4* data, const Phase* phases, int n_phases,
                                                             unsigned* count, unsigned* generation, unsigned* phase_done,
-                                                            unsigned* out) {
+                                                            unsigned* out, int copy_units) {
   extern __shared__ uint4 ring[];  // [kRingStages][kRingChunk], then the barriers
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingStages * kRingChunk);
   if (threadIdx.x == 0) {
@@ -265,7 +265,10 @@ __global__ void __launch_bounds__(kThreads) persistent_ring(const uint4* data, c
     if (!take_chunk(issue, phases, n_phases, first, units, starts)) return;
     const int stage = static_cast<int>(issued % kRingStages);
     mbarrier_arrive_expect_tx(full + stage, static_cast<uint32_t>(units) * 16);
-    bulk_copy_to_shared(ring + stage * kRingChunk, data + first, static_cast<uint32_t>(units) * 16, full + stage);
+    for (int at = 0; at < units; at += copy_units) {  // copy_units of 16 bytes a copy (the chunk: one copy)
+      const int n = min(copy_units, units - at);
+      bulk_copy_to_shared(ring + stage * kRingChunk + at, data + first + at, static_cast<uint32_t>(n) * 16, full + stage);
+    }
     ++issued;
   };
   if (threadIdx.x == 0) {
@@ -419,7 +422,7 @@ int main(int argc, char** argv) {
   };
   unsigned* phase_done = nullptr;  // the kCounter ring's counters, zeroed before each launch (in the timing)
   PROBE_CHECK(cudaMalloc(&phase_done, phases.size() * sizeof(unsigned)));
-  auto run_ring = [&](auto kernel, const char* name, bool compute) {
+  auto run_ring = [&](auto kernel, const char* name, bool compute, int copy_bytes = kRingChunk * 16) {
     int fits = 0;
     PROBE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fits, kernel, kThreads, kRingSharedBytes));
     if (fits < per_sm) {
@@ -428,7 +431,8 @@ int main(int argc, char** argv) {
       return;
     }
     int n_phases = static_cast<int>(phases.size());
-    void* args[] = {&data, &phases_dev, &n_phases, &count, &generation, &phase_done, &out};
+    int copy_units = copy_bytes / 16;
+    void* args[] = {&data, &phases_dev, &n_phases, &count, &generation, &phase_done, &out, &copy_units};
     report(name, compute, time_us([&] {
              PROBE_CHECK(cudaMemsetAsync(phase_done, 0, phases.size() * sizeof(unsigned), stream));
              PROBE_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(grid), dim3(kThreads), args,
@@ -447,6 +451,10 @@ int main(int argc, char** argv) {
     run_ring(persistent_ring<kCompute, RingWait::kBarrier>, kRingName, kCompute);
     run_ring(persistent_ring<kCompute, RingWait::kCounter>, kRingCounterName, kCompute);
     run_ring(persistent_ring<kCompute, RingWait::kNone>, kRingFreeName, kCompute);
+    // What the resident GEMV chain does (kernels/cuda/resident_gemv.cu): a stage as 16 copies of one 512-byte
+    // run (a packed word of a 128-row tile in the GPTQ layout), or 4 of 2 KB (a tiled layout's).
+    run_ring(persistent_ring<kCompute, RingWait::kNone>, "the same ring, no barriers, 512-byte copies", kCompute, 512);
+    run_ring(persistent_ring<kCompute, RingWait::kNone>, "the same ring, no barriers, 2 KB copies", kCompute, 2048);
   };
   run_all(std::false_type{});
   run_all(std::true_type{});

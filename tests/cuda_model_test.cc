@@ -222,6 +222,7 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   const std::vector<float> reference = cuda_logits(**model, tokens, unfused);
   CudaModelOptions fused = unfused;
   fused.fused_step = true;
+  fused.resident_step = false;   // the five-launch step; the resident one below
   fused.overlap_kernels = true;  // programmatic dependent launch and L2 prefetch (the defaults)
   fused.gemv_l2_prefetch_steps = 16;
   const std::vector<float> overlapped = cuda_logits(**model, tokens, fused);
@@ -239,6 +240,21 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions cluster = fused;  // split-K sums through thread-block clusters: the same bits
   cluster.gemv_cluster_reduce = true;
   EXPECT_EQ(cuda_logits(**model, tokens, cluster), overlapped);
+  // The resident step (Hopper and later): with the GEMV planner's input slices, the five-launch step's bits;
+  // with its own (longer) slices, the same sums in another order.
+  auto info = cuda::device_info(0);
+  ASSERT_TRUE(info.ok());
+  CudaModelOptions resident = fused;
+  resident.resident_step = true;
+  auto gpu = CudaModel::create(**model, resident);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  EXPECT_EQ((*gpu)->resident_step(), info->compute_major >= 9);
+  const Agreement r = compare(cuda_logits(**model, tokens, resident), reference.data(), n, vocab);
+  print("tiny-llama31 W4 " + std::string(group < 0 ? "per-channel" : "g" + std::to_string(group)) + " resident vs unfused", r);
+  EXPECT_LE(r.relative_l2, 4e-4);
+  EXPECT_EQ(r.argmax_mismatches, 0);
+  resident.resident_min_unit_steps = 0;
+  EXPECT_EQ(cuda_logits(**model, tokens, resident), overlapped);
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

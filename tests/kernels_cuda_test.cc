@@ -19,6 +19,7 @@
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
 #include "petrel/kernels/cuda/top_k.h"
@@ -916,6 +917,126 @@ TEST(KernelsCuda, OverlappedLaunchChainGivesTheSameBitsAsSerialLaunches) {
     for (float v : got) ASSERT_TRUE(std::isfinite(v));
     if (variant == 0) serial = got;
     else EXPECT_EQ(got, serial);
+  }
+}
+
+// The resident chains (kernels/cuda/resident_gemv.cu) against the same products as gemv_gptq_grouped launches,
+// layer-shaped like the decode step (o reads q where the step reads attention's output): the same bits for
+// every output, launched on a stream and replayed from a graph, per channel and at groups 128 and 32 (whose
+// group changes take compute_batch's per-step path), with member tiles of fewer than 128 rows.
+TEST(KernelsCuda, ResidentGemvChainsGiveTheBitsOfGroupedLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto info = cuda::device_info(0);
+  ASSERT_TRUE(info.ok());
+  if (info->compute_major < 9) GTEST_SKIP() << "resident chains need compute capability 9.0";
+  std::mt19937 rng(35);
+  struct Case { int64_t hidden, kv, inner, group; };
+  // The last: Llama-3.1-8B's shapes (blocks with several units of every product at 4 blocks an SM).
+  for (const Case& c : {Case{1024, 256, 2816, 128}, Case{1024, 64, 2816, -1}, Case{256, 64, 768, 32}, Case{512, 128, 1408, 128},
+                        Case{4096, 1024, 14336, 128}}) {
+    SCOPED_TRACE("hidden " + std::to_string(c.hidden) + ", kv " + std::to_string(c.kv) + ", inner " +
+                 std::to_string(c.inner) + ", group " + std::to_string(c.group));
+    const TestGptq q = make_gptq(rng, c.hidden, c.hidden, 4, c.group, false), k = make_gptq(rng, c.kv, c.hidden, 4, c.group, true),
+                   v = make_gptq(rng, c.kv, c.hidden, 4, c.group, false), o = make_gptq(rng, c.hidden, c.hidden, 4, c.group, true),
+                   gate = make_gptq(rng, c.inner, c.hidden, 4, c.group, false),
+                   up = make_gptq(rng, c.inner, c.hidden, 4, c.group, true),
+                   down = make_gptq(rng, c.hidden, c.inner, 4, c.group, false);
+    const std::vector<float> x0 = random_floats(rng, c.hidden);
+    const StoredFloats norm1 = store_as(random_floats(rng, c.hidden), DType::kBF16);
+    const StoredFloats norm2 = store_as(random_floats(rng, c.hidden), DType::kF32);
+    cuda::DeviceBuffer norm1_dev = to_device(norm1.bytes.data(), norm1.bytes.size());
+    cuda::DeviceBuffer norm2_dev = to_device(norm2.bytes.data(), norm2.bytes.size());
+    auto alloc = [](int64_t n) {
+      auto b = cuda::DeviceBuffer::allocate(n * 4);
+      EXPECT_TRUE(b.ok());
+      return std::move(*b);
+    };
+    cuda::DeviceBuffer x = alloc(c.hidden), q_out = alloc(c.hidden), k_out = alloc(c.kv), v_out = alloc(c.kv),
+                       g_out = alloc(c.inner), u_out = alloc(c.inner);
+    auto workspace = cuda::GemvWorkspace::create();
+    auto stream = cuda::CudaStream::create();
+    ASSERT_TRUE(workspace.ok() && stream.ok());
+    cuda::GemvFusion input_norm, post_norm, add, silu_add;
+    input_norm.input = post_norm.input = cuda::GemvInput::kRmsNorm;
+    input_norm.norm_weight = cuda::DeviceVector{DType::kBF16, c.hidden, norm1_dev.data()};
+    post_norm.norm_weight = cuda::DeviceVector{DType::kF32, c.hidden, norm2_dev.data()};
+    input_norm.norm_eps = post_norm.norm_eps = 1e-5f;
+    add.residual = x.as<float>();
+    silu_add.input = cuda::GemvInput::kSiluMul;
+    silu_add.up = u_out.as<float>();
+    silu_add.residual = x.as<float>();
+    const std::vector<cuda::GemvGroupMember> qkv_members = {
+        {&q.device.view(), q_out.as<float>()}, {&k.device.view(), k_out.as<float>()}, {&v.device.view(), v_out.as<float>()}};
+    const std::vector<cuda::GemvGroupMember> o_members = {{&o.device.view(), x.as<float>()}};
+    const std::vector<cuda::GemvGroupMember> gu_members = {{&gate.device.view(), g_out.as<float>()}, {&up.device.view(), u_out.as<float>()}};
+    const std::vector<cuda::GemvGroupMember> down_members = {{&down.device.view(), x.as<float>()}};
+    const cuda::ResidentGemv qkv{qkv_members, x.as<float>(), input_norm}, o_product{o_members, q_out.as<float>(), add},
+        gu{gu_members, x.as<float>(), post_norm}, down_product{down_members, g_out.as<float>(), silu_add};
+    constexpr int kLayers = 6;
+    // Chain 0: q/k/v; chains 1 .. kLayers - 1: o, gate/up, down, q/k/v; the last: o, gate/up, down.
+    std::vector<std::vector<cuda::ResidentGemv>> chains = {{qkv}};
+    for (int l = 1; l < kLayers; ++l) chains.push_back({o_product, gu, down_product, qkv});
+    chains.push_back({o_product, gu, down_product});
+
+    auto outputs = [&] {
+      std::vector<float> all = download_floats(x, c.hidden);
+      for (const cuda::DeviceBuffer* b : {&q_out, &k_out, &v_out, &g_out, &u_out}) {
+        const std::vector<float> part = download_floats(*b, static_cast<int64_t>(b->size() / 4));
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      return all;
+    };
+    auto start = [&] {
+      EXPECT_TRUE(x.upload(x0.data(), c.hidden * 4).ok());
+      for (cuda::DeviceBuffer* b : {&q_out, &k_out, &v_out, &g_out, &u_out}) EXPECT_TRUE(b->fill_bytes(0xFF).ok());
+    };
+    // Resident, with slices of at least 32 steps (the default) and with the GEMV planner's (min_unit_steps
+    // 0), at 1 block an SM (many units a block) and as many as fit: serial launches, overlapped launches,
+    // overlapped launches in a graph replayed three times. The reference: every product as its own grouped
+    // launch with the same k_splits, one after another.
+    for (int variant = 0; variant < 12; ++variant) {
+      SCOPED_TRACE("variant " + std::to_string(variant));
+      cuda::ResidentGemvOptions options;
+      options.max_blocks_per_sm = variant % 6 < 3 ? 1 : 0;
+      options.min_unit_steps = variant < 6 ? 32 : 0;
+      auto resident = cuda::ResidentGemvChains::create(chains, workspace->partial_capacity(), options);
+      ASSERT_TRUE(resident.ok()) << resident.status().to_string();
+      ASSERT_EQ(resident->size(), kLayers + 1);
+      start();
+      for (int i = 0; i < resident->size(); ++i) {
+        for (size_t p = 0; p < chains[i].size(); ++p) {
+          const cuda::ResidentGemv& g = chains[i][p];
+          cuda::GemvOptions serial;
+          serial.k_splits = resident->k_splits(i, static_cast<int>(p));
+          Status st = cuda::gemv_gptq_grouped(g.members, g.x, *workspace, stream->get(), serial, g.fusion);
+          ASSERT_TRUE(st.ok()) << st.to_string();
+        }
+      }
+      ASSERT_TRUE(stream->synchronize().ok());
+      const std::vector<float> want = outputs();
+      for (float value : want) ASSERT_TRUE(std::isfinite(value));
+      const bool overlap = variant % 3 > 0;
+      start();
+      if (variant % 3 < 2) {
+        for (int i = 0; i < resident->size(); ++i) ASSERT_TRUE(resident->enqueue(i, stream->get(), overlap).ok());
+      } else {
+        ASSERT_TRUE(cuda::CudaGraph::begin_capture(stream->get()).ok());
+        Status enqueued = Status();
+        for (int i = 0; i < resident->size() && enqueued.ok(); ++i) enqueued = resident->enqueue(i, stream->get(), overlap);
+        auto graph = cuda::CudaGraph::end_capture(stream->get());
+        ASSERT_TRUE(enqueued.ok()) << enqueued.to_string();
+        ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+        for (int replay = 0; replay < 3; ++replay) {
+          start();
+          ASSERT_TRUE(graph->launch(stream->get()).ok());
+          ASSERT_TRUE(stream->synchronize().ok());
+          EXPECT_EQ(outputs(), want) << "replay " << replay;
+        }
+        continue;
+      }
+      ASSERT_TRUE(stream->synchronize().ok());
+      EXPECT_EQ(outputs(), want);
+    }
   }
 }
 

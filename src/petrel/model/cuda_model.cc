@@ -17,6 +17,7 @@
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
 #include "petrel/kernels/cuda/top_k.h"
@@ -214,6 +215,10 @@ struct CudaModel::State {
   bool fused = false;
   bool overlap = false;  // options.overlap_kernels on a GPU that has programmatic dependent launch
   cuda::DeviceBuffer attention_counters;
+  // The resident step (options.resident_step, where cuda::ResidentGemvChains takes the checkpoint): chain 0 is
+  // layer 0's q/k/v, chain l (1 .. L - 1) layer l - 1's o, gate/up and down and layer l's q/k/v, chain L the
+  // last layer's o, gate/up and down.
+  cuda::ResidentGemvChains resident;
 
   // The prompt processor (options.prefill_chunk > 1): activations of up to `chunk` tokens, row-major.
   struct Prefill {
@@ -328,6 +333,74 @@ struct CudaModel::State {
     return cuda::rms_norm(residual, nullptr, 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
   }
 
+  // The resident step: the fused step's products and attention calls in the same order and with the same
+  // bits, the products between two attention calls in one launch (resident_chains says which).
+  Status enqueue_resident_step() {
+    const LlamaConfig& c = config;
+    const cuda::Stream s = stream.get();
+    const int32_t* token = step_input.as<int32_t>();
+    const int32_t* pos = token + 1;
+    const cuda::DecodeAttentionShape attention = attention_shape();
+    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, x.as<float>(), s));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      PETREL_RETURN_IF_ERROR(resident.enqueue(static_cast<int>(l), s, overlap));
+      PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
+                                                         pos, keys.as<uint16_t>() + l * kv_layer_elements(),
+                                                         values.as<uint16_t>() + l * kv_layer_elements(), attention,
+                                                         attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
+                                                         attn.as<float>(), s, overlap));
+    }
+    PETREL_RETURN_IF_ERROR(resident.enqueue(static_cast<int>(c.num_hidden_layers), s, overlap));
+    return cuda::rms_norm(x.as<float>(), nullptr, 1, c.hidden_size, final_norm.weight, static_cast<float>(c.rms_norm_eps),
+                          normed.as<float>(), s);
+  }
+
+  // The fused step's products grouped into the resident step's chains (enqueue_resident_step).
+  std::vector<std::vector<cuda::ResidentGemv>> resident_chains() const {
+    const LlamaConfig& c = config;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    float* residual = x.as<float>();
+    std::vector<std::vector<cuda::ResidentGemv>> chains(static_cast<size_t>(c.num_hidden_layers) + 1);
+    for (int64_t l = 0; l <= c.num_hidden_layers; ++l) {
+      std::vector<cuda::ResidentGemv>& chain = chains[static_cast<size_t>(l)];
+      if (l > 0) {
+        const DeviceLayer& w = layers[l - 1];
+        cuda::ResidentGemv o;
+        o.members = {{&w.o_proj.quantized.view(), residual}};
+        o.x = attn.as<float>();
+        o.fusion.residual = residual;
+        chain.push_back(o);
+        cuda::ResidentGemv gate_up;
+        gate_up.members = {{&w.gate_proj.quantized.view(), gate.as<float>()}, {&w.up_proj.quantized.view(), up.as<float>()}};
+        gate_up.x = residual;
+        gate_up.fusion.input = cuda::GemvInput::kRmsNorm;
+        gate_up.fusion.norm_weight = w.post_attn_norm.weight;
+        gate_up.fusion.norm_eps = eps;
+        chain.push_back(gate_up);
+        cuda::ResidentGemv down;
+        down.members = {{&w.down_proj.quantized.view(), residual}};
+        down.x = gate.as<float>();
+        down.fusion.input = cuda::GemvInput::kSiluMul;
+        down.fusion.up = up.as<float>();
+        down.fusion.residual = residual;
+        chain.push_back(down);
+      }
+      if (l < c.num_hidden_layers) {
+        const DeviceLayer& w = layers[l];
+        cuda::ResidentGemv qkv;
+        qkv.members = {{&w.q_proj.quantized.view(), q.as<float>()},
+                       {&w.k_proj.quantized.view(), k.as<float>()},
+                       {&w.v_proj.quantized.view(), v.as<float>()}};
+        qkv.x = residual;
+        qkv.fusion.input = cuda::GemvInput::kRmsNorm;
+        qkv.fusion.norm_weight = w.input_norm.weight;
+        qkv.fusion.norm_eps = eps;
+        chain.push_back(qkv);
+      }
+    }
+    return chains;
+  }
+
   // The fused step reads every decoder linear as GPTQ, q/k/v and gate/up each in one grouped launch.
   bool fused_step_applies() const {
     for (const DeviceLayer& w : layers) {
@@ -376,6 +449,7 @@ struct CudaModel::State {
 
   // Everything up to the final RMSNorm (into `normed`), for the token and position in step_input.
   Status enqueue_step() {
+    if (resident.size() > 0) return enqueue_resident_step();
     if (fused) return enqueue_fused_step();
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -664,6 +738,7 @@ void CudaModel::truncate(int64_t n) {
 
 const CudaInitTimes& CudaModel::init_times() const { return state_->init_times; }
 
+bool CudaModel::resident_step() const { return state_->resident.size() > 0; }
 bool CudaModel::prefill_f16_weights() const {
   for (const DeviceLayer& l : state_->layers) {
     if (l.q_proj.f16.data) return true;
@@ -817,6 +892,13 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   if (s.fused) {
     PETREL_ASSIGN_OR_RETURN(s.attention_counters, cuda::DeviceBuffer::allocate(static_cast<size_t>(c.num_key_value_heads) * 4));
     PETREL_RETURN_IF_ERROR(s.attention_counters.fill_bytes(0));
+  }
+  if (s.overlap && options.resident_step) {
+    // Where the chains do not fit (shapes, an older GPU), the five-launch step runs: same results.
+    cuda::ResidentGemvOptions resident_options;
+    resident_options.min_unit_steps = options.resident_min_unit_steps;
+    auto resident = cuda::ResidentGemvChains::create(s.resident_chains(), s.gemv_workspace.partial_capacity(), resident_options);
+    if (resident.ok()) s.resident = std::move(*resident);
   }
   PETREL_ASSIGN_OR_RETURN(s.host_logits, cuda::PinnedBuffer::allocate(static_cast<size_t>(c.vocab_size) * 4));
   PETREL_ASSIGN_OR_RETURN(s.top_device, cuda::DeviceBuffer::allocate(sizeof(cuda::TopKResult)));

@@ -60,6 +60,15 @@ struct CudaModelOptions {
   // waits (2026-12-03, H200, 8B tg128: 471.9 tok/s against 432.5 without per channel, 428.2 against 385.4 at
   // group 128); it had been off while it cost 2-4% (docs/PERFORMANCE.md).
   bool overlap_kernels = true;
+  // With overlap_kernels on a GPU with the bulk copy engine (Hopper and later), the fused step runs the GEMVs
+  // between two attention calls (o, gate/up, down, the next layer's q/k/v) as one launch of resident blocks
+  // (cuda::ResidentGemvChains, kernels/cuda/resident_gemv.cu): two launches per layer instead of five. Where a
+  // checkpoint's shapes do not fit it, the five-launch step runs. Off: not yet faster (8B per channel on an
+  // H200, 2026-12-03: 280 against 495 tok/s; docs/RESIDENT_STEP.md says why and what comes next).
+  bool resident_step = false;
+  // The resident step's input slices: at least this many steps of 4 packed words each (0: the fused step's
+  // slices, and then its bits; cuda::ResidentGemvOptions::min_unit_steps).
+  int resident_min_unit_steps = 32;
   // With overlap_kernels, steps of weights each GEMV block prefetches into L2 before it waits for the previous
   // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). 16: a tie with 0 per channel, +1.4% at group 128;
   // 64 was 5% slower.
@@ -145,6 +154,7 @@ class CudaModel {
   int64_t context_length() const;
   int64_t device_bytes() const;    // weights, KV cache and scratch on the GPU
   bool prefill_f16_weights() const;  // whether the fp16 copies for the prompt processor were made
+  bool resident_step() const;        // whether the decode step runs resident (CudaModelOptions::resident_step)
   const CudaInitTimes& init_times() const;
   void reset();                    // forget the sequence (memory is kept)
   void truncate(int64_t n);        // drop positions >= n

@@ -11,6 +11,7 @@
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/gptq.h"
 #include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/top_k.h"
 #include "petrel/kernels/cuda/stream.h"
@@ -50,6 +51,21 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
 Status DeviceBuffer::upload(const void*, size_t, size_t) { return not_built(); }
 Status DeviceBuffer::download(void*, size_t, size_t) const { return not_built(); }
 Status DeviceBuffer::fill_bytes(uint8_t) { return not_built(); }
+
+Status resident_gemv_supports(std::span<const ResidentGemv>, int, int64_t, const ResidentGemvOptions&) { return not_built(); }
+struct ResidentGemvChains::Impl {};
+ResidentGemvChains::ResidentGemvChains(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ResidentGemvChains::ResidentGemvChains() = default;
+ResidentGemvChains::ResidentGemvChains(ResidentGemvChains&&) noexcept = default;
+ResidentGemvChains& ResidentGemvChains::operator=(ResidentGemvChains&&) noexcept = default;
+ResidentGemvChains::~ResidentGemvChains() = default;
+Result<ResidentGemvChains> ResidentGemvChains::create(std::span<const std::vector<ResidentGemv>>, int64_t, const ResidentGemvOptions&) { return not_built(); }
+void ResidentGemvChains::set_probe(int) {}
+int ResidentGemvChains::size() const { return 0; }
+int ResidentGemvChains::grid_blocks() const { return 0; }
+int ResidentGemvChains::k_splits(int, int) const { return 0; }
+int64_t ResidentGemvChains::weight_bytes(int) const { return 0; }
+Status ResidentGemvChains::enqueue(int, Stream, bool) const { return not_built(); }
 
 Status gemv_gptq(const DeviceGptqMatrix&, const float*, float*, GemvWorkspace&, Stream, const GemvOptions&,
                  const GemvFusion&) {
