@@ -14,11 +14,14 @@
 // its ring needs one, so units are taken in the global order and only by blocks that run.
 //
 // Weights. Warp 0 keeps kStages stages requested ahead of the one being computed, across units and products:
-// a stage is up to 4 steps (16 packed words) of a unit, one cp.async.bulk per packed word (the tile's 128
-// consecutive int32 of that word: 512 bytes) completing on the stage's mbarrier. In shared memory a word's run
-// is kWordPitch = 544 bytes from the next, so the 8 lanes of one 16-byte shared-load phase (quad_row 2k, 2k + 1
-// times quad_col 0..3) fall on 8 distinct 16-byte bank groups: (2 quad_col + quad_row) mod 8. Scales and zeros
-// are read from global memory, a group ahead, as gemv_gptq does.
+// a stage is up to 4 steps (16 packed words) of a unit's 128-row tile, one tensor copy (cp.async.bulk.tensor.2d,
+// a box of 16 words x 128 rows = 8 KB of qweight seen as a [words, rows] int32 tensor; rows past the matrix
+// read as zeros) completing on the stage's mbarrier. One copy per stage matters: the probe streams 8 KB copies
+// at 93% of the copy bandwidth with the GEMV's arithmetic, 2 KB copies at 82%, and the 16 one-dimensional 512-byte
+// copies (a packed word's run) of this kernel's first version at 54% (bench/persistent_probe.cu, 2026-12-03).
+// The box lands densely (512 bytes a word), so the 8 lanes of a 16-byte shared-load phase meet 4-way bank
+// conflicts: shared memory has bandwidth to spare at 32 GB/s an SM. Scales and zeros are read from global
+// memory, a group ahead, as gemv_gptq does.
 //
 // Arithmetic. Per stage, what gemv_gptq's compute_batch does with a batch of 4 steps it loaded into registers
 // (the same fragment mapping, promotion schedule, group changes and epilogue), so every output has the same
@@ -35,6 +38,8 @@
 // and relied on all 4 x 132 blocks being resident at once: in the decode step, where attention kernels with
 // another shared-memory configuration run beside the tails of these launches, a block could be left out
 // and the grid hung on its tile.) The last block to leave resets the counters.
+#include <cuda.h>  // CUtensorMap (the driver's encoder is found at run time: no libcuda link)
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -61,7 +66,7 @@ constexpr int kRows = 128;                 // rows of a tile: 4 warps x 32
 constexpr int kWordsPerStep = 4;           // a warp step: 4 packed words of 32 rows
 constexpr int kStageSteps = 4;             // gemv_gptq's batch
 constexpr int kStageWords = kStageSteps * kWordsPerStep;
-constexpr int kWordPitch = 544;            // bytes from one word's 128-row run to the next in a stage
+constexpr int kWordPitch = kRows * 4;      // bytes from one word's 128-row run to the next in a stage
 constexpr int kStageBytes = kStageWords * kWordPitch;
 constexpr int kStages = 5;                 // 43.5 KB a block: the probe's 5 x 8 KB streamed at 95% of copy
 constexpr int kPromoteSteps = 8;           // as gemv_gptq.cu
@@ -104,6 +109,7 @@ struct Phase {
 };
 
 struct ChainArgs {
+  CUtensorMap maps[kMaxResidentPhases][kMaxGemvGroupMembers];  // each member's qweight as [words, rows] int32
   Phase phases[kMaxResidentPhases];
   int n_phases;
   int total_units;
@@ -146,6 +152,18 @@ __device__ __forceinline__ Unit unit_at(const ChainArgs& a, int g) {
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// The box at (row c0, word c1) of the tensor `map` describes into shared memory at `shared` (128-byte aligned),
+// completing on `bar`.
+__device__ __forceinline__ void tensor_copy_to_shared(void* shared, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          shared_address(shared)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar))
+      : "memory");
 #endif
 }
 
@@ -211,18 +229,13 @@ __device__ __forceinline__ void request_stage(const ChainArgs& a, Requests& r, u
                                               int lane) {
   if (r.g < 0) return;
   const Unit u = unit_at(a, r.g);
-  const Phase& ph = a.phases[u.phase];
-  const Part& m = ph.parts[u.part];
   const int step0 = r.stage * kStageSteps;
-  const int words = min(kStageSteps, u.steps - step0) * kWordsPerStep;
-  const uint32_t run = static_cast<uint32_t>(min(int64_t{kRows}, m.rows - u.row0)) * 4;
   const int slot = static_cast<int>(r.issued % kStages);
-  if (lane == 0) mbarrier_arrive_expect_tx(full + slot, static_cast<uint32_t>(words) * run);
-  __syncwarp();
-  if (lane < words) {
-    bulk_copy_to_shared(ring + slot * kStageBytes + lane * kWordPitch,
-                        m.qweight + int64_t{u.first_word + step0 * kWordsPerStep + lane} * m.rows + u.row0, run,
-                        full + slot);
+  if (lane == 0) {
+    // The whole box always lands (past the slice: words the consumers skip; past the matrix: zeros).
+    mbarrier_arrive_expect_tx(full + slot, kStageBytes);
+    tensor_copy_to_shared(ring + slot * kStageBytes, &a.maps[u.phase][u.part], static_cast<int>(u.row0),
+                          u.first_word + step0 * kWordsPerStep, full + slot);
   }
   ++r.issued;
   if (++r.stage * kStageSteps >= u.steps) take_unit(a, r, queue, lane);
@@ -295,7 +308,7 @@ __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int k_splits) 
 }
 
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain(const __grid_constant__ ChainArgs a) {
-  extern __shared__ __align__(128) uint8_t shared[];
+  extern __shared__ __align__(1024) uint8_t shared[];
   uint8_t* ring = shared;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + kStages * kStageBytes);
   uint4* x_staged = reinterpret_cast<uint4*>(shared + kStages * kStageBytes + kBarrierBytes);
@@ -527,6 +540,32 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
 
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// qweight [words, rows] int32 as the 2D tensor the stage copies read: boxes of 16 words x 128 rows.
+Status encode_weight_map(const DeviceGptqMatrix& w, CUtensorMap& map) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return unsupported("resident_gemv: the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(w.rows), static_cast<cuuint64_t>(w.cols / 8)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(w.rows) * 4};
+  const cuuint32_t box[2] = {kRows, kStageWords};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, const_cast<int32_t*>(w.qweight), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return internal_error("resident_gemv: cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
+                          ") for a [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "] matrix");
+  }
+  return ok_status();
+}
+
 std::string describe(const ResidentGemv& gemv) {
   const DeviceGptqMatrix& w = *gemv.members[0].w;
   return std::to_string(gemv.members.size()) + (gemv.members.size() == 1 ? " matrix [" : " matrices, the first [") +
@@ -661,6 +700,9 @@ Result<ResidentGemvChains> ResidentGemvChains::create(std::span<const std::vecto
     for (size_t p = 0; p < chain.size(); ++p) {
       Phase& ph = args.phases[p];
       PETREL_RETURN_IF_ERROR(describe_phase(chain[p], info.multiprocessors, partial_capacity, options, ph, plans[c][p]));
+      for (size_t i = 0; i < chain[p].members.size(); ++i) {
+        PETREL_RETURN_IF_ERROR(encode_weight_map(*chain[p].members[i].w, args.maps[p][i]));
+      }
       ph.first_unit = units;
       units += ph.total_tiles * ph.k_splits;
       counter_words += ph.total_tiles + 1;
