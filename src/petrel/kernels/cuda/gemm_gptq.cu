@@ -248,17 +248,6 @@ struct FusedArgs {
   int total_steps;
 };
 
-// Scales (4 fp16 at `scales_at`) and the zeros word (at `zeros_at`) of 4 consecutive rows; zeros when not `wanted`.
-__device__ __forceinline__ void load_raw_params(const uint16_t* scales_at, const int32_t* zeros_at, bool wanted,
-                                                uint2& scales, uint32_t& zeros) {
-  scales = make_uint2(0, 0);
-  zeros = 0;
-  if (wanted) {
-    scales = __ldg(reinterpret_cast<const uint2*>(scales_at));
-    zeros = static_cast<uint32_t>(__ldg(zeros_at));
-  }
-}
-
 // Grid (token tiles, row blocks, k_splits); block kWarps warps; kTiles n-tiles of 8 tokens; kStages chunks of
 // x and weights in flight through shared memory.
 template <int kBits, int kTiles, int kWarps, int kStages, bool kGrouped>

@@ -338,18 +338,6 @@ __device__ __forceinline__ Slice block_slice(const GemvArgs& a) {
   return s;
 }
 
-// The raw scales (4 fp16 at `scales_at`) and zeros word (at `zeros_at`) of this thread's 4 rows in one group;
-// zeros when `wanted` is false.
-__device__ __forceinline__ void load_raw_params(const uint16_t* scales_at, const int32_t* zeros_at, bool wanted,
-                                                uint2& scales, uint32_t& zeros) {
-  scales = make_uint2(0, 0);
-  zeros = 0;
-  if (wanted) {
-    scales = __ldg(reinterpret_cast<const uint2*>(scales_at));
-    zeros = static_cast<uint32_t>(__ldg(zeros_at));
-  }
-}
-
 // The kRmsNorm kernels keep the first kNormCacheVectors float4 of x (all of it up to 4096 elements) in static
 // shared memory from the sum-of-squares pass, so staging the slice does not go back to L2.
 constexpr int kNormCacheVectors = 1024;

@@ -281,16 +281,6 @@ __device__ __forceinline__ float4 load_input4(const Phase& ph, int64_t i, float 
   return __ldcg(reinterpret_cast<const float4*>(ph.x) + i);
 }
 
-__device__ __forceinline__ void load_raw_params(const uint16_t* scales_at, const int32_t* zeros_at, bool wanted,
-                                                uint2& scales, uint32_t& zeros) {
-  scales = make_uint2(0, 0);
-  zeros = 0;
-  if (wanted) {
-    scales = __ldg(reinterpret_cast<const uint2*>(scales_at));
-    zeros = static_cast<uint32_t>(__ldg(zeros_at));
-  }
-}
-
 // gemv_gptq.cu's last_to_arrive for a tile's counter.
 __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int k_splits) {
   __shared__ bool is_last_block;
