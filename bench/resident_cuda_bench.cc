@@ -175,7 +175,10 @@ int main(int argc, char** argv) {
                                {cuda::ResidentGemvChains::kSkipWaits, ", no waits"},
                                {cuda::ResidentGemvChains::kSkipMath, ", no arithmetic"},
                                {cuda::ResidentGemvChains::kSkipStaging, ", no staging of x"},
-                               {7, ", weights only"}};
+                               {7, ", weights only"},
+                               {7 | cuda::ResidentGemvChains::kSkipParams, ", weights only, no scales and zeros"},
+                               {7 | cuda::ResidentGemvChains::kSkipEpilogue, ", weights only, no epilogue"},
+                               {31, ", weights only, neither"}};
     for (const ProbeRow& p : probes) {
       if ((per_sm != 4 || unit_steps != 32) && p.flags != 0) continue;
       resident.set_probe(p.flags);

@@ -356,10 +356,11 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
     const int32_t* zeros_at = m.qzeros + group * zeros_stride + row / 8;
     uint2 raw_scales, next_scales;
     uint32_t raw_zeros, next_zeros;
-    load_raw_params(scales_at, zeros_at, row_ok, raw_scales, raw_zeros);
+    const bool params = !(a.probe & ResidentGemvChains::kSkipParams);
+    load_raw_params(scales_at, zeros_at, row_ok && params, raw_scales, raw_zeros);
     scales_at += m.rows;
     zeros_at += zeros_stride;
-    load_raw_params(scales_at, zeros_at, row_ok && steps_to_group < u.steps, next_scales, next_zeros);
+    load_raw_params(scales_at, zeros_at, row_ok && params && steps_to_group < u.steps, next_scales, next_zeros);
 
     if (u.phase != current_phase) {
       if (u.phase > 0 && !(a.probe & ResidentGemvChains::kSkipWaits)) {  // every tile of the product before is final
@@ -416,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
       steps_to_group = ph.group_steps;
       scales_at += m.rows;
       zeros_at += zeros_stride;
-      load_raw_params(scales_at, zeros_at, row_ok && s + steps_to_group < u.steps, next_scales, next_zeros);
+      load_raw_params(scales_at, zeros_at, row_ok && params && s + steps_to_group < u.steps, next_scales, next_zeros);
     };
     auto compute_step = [&](const uint4& w, int s) {
       const uint4 xf = x_staged[s * kWordsPerStep + quad_col];
@@ -481,6 +482,9 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
     }
     promote();
 
+    if (a.probe & ResidentGemvChains::kSkipEpilogue) {  // nothing written, nothing counted (kSkipWaits with it)
+      continue;
+    }
     // gemv_gptq.cu's finish_rows (the L2 path), then, when this block made the tile final, the product's count.
     const float4 sums = make_float4(total[0], total[1], total[2], total[3]);
     const bool writer = row_ok && quad_col == 0;

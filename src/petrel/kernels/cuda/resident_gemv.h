@@ -65,8 +65,8 @@ class ResidentGemvChains {
   // The input slices product `product` of chain `chain` is cut into (GemvOptions::k_splits for the same bits).
   int k_splits(int chain, int product) const;
   // Benchmark only (bench/resident_cuda_bench.cc): leave parts of the work out to see what each costs. The
-  // outputs are then wrong.
-  enum Probe { kSkipWaits = 1, kSkipMath = 2, kSkipStaging = 4 };
+  // outputs are then wrong. kSkipEpilogue counts no tile final, so it needs kSkipWaits.
+  enum Probe { kSkipWaits = 1, kSkipMath = 2, kSkipStaging = 4, kSkipParams = 8, kSkipEpilogue = 16 };
   void set_probe(int flags);
   int64_t weight_bytes(int index) const;
 
