@@ -1,7 +1,7 @@
 // kernels/cuda internal: Hopper's bulk copy engine (cp.async.bulk, global -> shared, completing on an mbarrier)
-// and the mbarrier operations around it. Used by bench/persistent_probe.cu's ring variant (the shape of a
-// resident decode step); first written for session 8's bulk-copy GEMV (branch experiment/l2-read-ahead-and-
-// bulk-gemv). One instruction moves a whole contiguous run (a multiple of 16 bytes) without registers; the
+// and the mbarrier operations around it, and the bulk L2 prefetch. Used by resident_gemv.cu, gemv_gptq.cu (the
+// prefetch) and bench/persistent_probe.cu's ring variant; first written for session 8's bulk-copy GEMV (branch
+// experiment/l2-read-ahead-and-bulk-gemv). One instruction moves a whole contiguous run (a multiple of 16 bytes) without registers; the
 // barrier's phase completes when the bytes announced with expect_tx have all landed. sm_90 and later: on older
 // targets these compile to nothing.
 #pragma once
@@ -57,6 +57,14 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(shared_address(bar)),
       "r"(parity)
       : "memory");
+#endif
+}
+
+// Asks `bytes` (a multiple of 16, 16-byte aligned) at p into L2, without waiting and without registers (the
+// weights a block will stream soon, fetched while the previous kernel finishes).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 

@@ -133,6 +133,7 @@
 #include <cstdint>
 
 #include "petrel/kernels/cuda/activation.cuh"
+#include "petrel/kernels/cuda/bulk_copy.cuh"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
 #include "petrel/kernels/cuda/gemv_gptq.h"
@@ -212,14 +213,6 @@ __device__ __forceinline__ uint4 load_streaming(const int32_t* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
-}
-
-// Asks `bytes` (a multiple of 16, 16-byte aligned) at p into L2, without waiting and without registers: the
-// weights a block will stream after its register batches, fetched while the previous kernel finishes.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 // Scale and zero of 4 consecutive rows (row % 4 == 0) in one group.

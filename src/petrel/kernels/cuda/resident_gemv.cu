@@ -68,7 +68,7 @@ constexpr int kStageSteps = 4;             // gemv_gptq's batch
 constexpr int kStageWords = kStageSteps * kWordsPerStep;
 constexpr int kWordPitch = kRows * 4;      // bytes from one word's 128-row run to the next in a stage
 constexpr int kStageBytes = kStageWords * kWordPitch;
-constexpr int kStages = 5;                 // 43.5 KB a block: the probe's 5 x 8 KB streamed at 95% of copy
+constexpr int kStages = 5;                 // 40 KB a block: the probe's 5 x 8 KB streamed at 95% of copy
 constexpr int kPromoteSteps = 8;           // as gemv_gptq.cu
 constexpr int kMaxSliceWords = 256;        // staged x: 4 KB
 constexpr int kMaxBlocksPerSm = 4;
@@ -147,12 +147,6 @@ __device__ __forceinline__ Unit unit_at(const ChainArgs& a, int g) {
   u.first_word = first_step * kWordsPerStep;
   u.steps = min(ph.steps_per_split, ph.total_steps - first_step);
   return u;
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 // The box at (row c0, word c1) of the tensor `map` describes into shared memory at `shared` (128-byte aligned),
@@ -685,7 +679,10 @@ Result<ResidentGemvChains> ResidentGemvChains::create(std::span<const std::vecto
   impl->bytes.assign(chains.size(), 0);
   for (size_t c = 0; c < chains.size(); ++c) {
     const std::vector<ResidentGemv>& chain = chains[c];
-    PETREL_RETURN_IF_ERROR(resident_gemv_supports(chain, info.multiprocessors, partial_capacity, options));
+    if (chain.empty() || chain.size() > static_cast<size_t>(kMaxResidentPhases)) {
+      return invalid_argument("resident_gemv: a chain of " + std::to_string(chain.size()) + " products (1 to " +
+                              std::to_string(kMaxResidentPhases) + ")");
+    }
     ChainArgs& args = impl->chains[c];
     args = ChainArgs{};
     args.n_phases = static_cast<int>(chain.size());
