@@ -333,8 +333,9 @@ struct CudaModel::State {
     return cuda::rms_norm(residual, nullptr, 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
   }
 
-  // The resident step: the fused step's products and attention calls in the same order and with the same
-  // bits, the products between two attention calls in one launch (resident_chains says which).
+  // The resident step: the fused step's products and attention calls in the same order, the products between
+  // two attention calls in one launch (resident_chains says which); the fused step's bits with
+  // options.resident_min_unit_steps 0, otherwise the same sums cut into longer input slices.
   Status enqueue_resident_step() {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -894,7 +895,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     PETREL_RETURN_IF_ERROR(s.attention_counters.fill_bytes(0));
   }
   if (s.overlap && options.resident_step) {
-    // Where the chains do not fit (shapes, an older GPU), the five-launch step runs: same results.
+    // Where the chains do not fit (shapes, an older GPU), the five-launch step runs (resident_step() says which).
     cuda::ResidentGemvOptions resident_options;
     resident_options.min_unit_steps = options.resident_min_unit_steps;
     auto resident = cuda::ResidentGemvChains::create(s.resident_chains(), s.gemv_workspace.partial_capacity(), resident_options);
