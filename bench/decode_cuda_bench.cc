@@ -24,6 +24,7 @@
 //   fused             CudaModelOptions' defaults: the fused step (5 launches per layer), overlap, 16 steps of prefetch
 //   resident          the resident step (2 launches per layer: the GEMVs between two attention calls in one
 //                     launch of resident blocks, kernels/cuda/resident_gemv.cu; CudaModelOptions::resident_step)
+//   resident-tiled    the same streaming a tiled copy of the weights (CudaModelOptions::resident_tiled_copy)
 //   fused-serial      the fused step without overlap and without L2 prefetch, whatever the defaults
 //   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
 //   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
@@ -198,8 +199,9 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.attention_split = std::stoll(digits);
     base = base.substr(0, at);
   }
-  o.resident_step = base == "resident";
-  if (base == "resident") {
+  o.resident_step = base == "resident" || base == "resident-tiled";
+  o.resident_tiled_copy = base == "resident-tiled";
+  if (o.resident_step) {
   } else if (base == "unfused") {
     o.fused_step = false;
   } else if (base == "fused-serial") {

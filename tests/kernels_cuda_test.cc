@@ -992,13 +992,16 @@ TEST(KernelsCuda, ResidentGemvChainsGiveTheBitsOfGroupedLaunches) {
     };
     // Resident, with slices of at least 32 steps (the default) and with the GEMV planner's (min_unit_steps
     // 0), at 1 block an SM (many units a block) and as many as fit: serial launches, overlapped launches,
-    // overlapped launches in a graph replayed three times. The reference: every product as its own grouped
-    // launch with the same k_splits, one after another.
-    for (int variant = 0; variant < 12; ++variant) {
+    // overlapped launches in a graph replayed three times; units handed out slices outermost (the default) and
+    // tiles outermost; weights streamed from the tiled copy. The reference: every product as its own grouped launch with the same k_splits, one
+    // after another.
+    for (int variant = 0; variant < 24; ++variant) {
       SCOPED_TRACE("variant " + std::to_string(variant));
       cuda::ResidentGemvOptions options;
       options.max_blocks_per_sm = variant % 6 < 3 ? 1 : 0;
-      options.min_unit_steps = variant < 6 ? 32 : 0;
+      options.min_unit_steps = variant % 12 < 6 || variant >= 18 ? 32 : 0;
+      options.slices_outermost = variant < 12 || variant >= 18;
+      options.tiled_copy = variant >= 18;  // stages from the tiled copy (whole-stage slices: min_unit_steps 32)
       auto resident = cuda::ResidentGemvChains::create(chains, workspace->partial_capacity(), options);
       ASSERT_TRUE(resident.ok()) << resident.status().to_string();
       ASSERT_EQ(resident->size(), kLayers + 1);

@@ -898,6 +898,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     // Where the chains do not fit (shapes, an older GPU), the five-launch step runs (resident_step() says which).
     cuda::ResidentGemvOptions resident_options;
     resident_options.min_unit_steps = options.resident_min_unit_steps;
+    resident_options.tiled_copy = options.resident_tiled_copy;
     auto resident = cuda::ResidentGemvChains::create(s.resident_chains(), s.gemv_workspace.partial_capacity(), resident_options);
     if (resident.ok()) s.resident = std::move(*resident);
   }

@@ -69,6 +69,11 @@ struct CudaModelOptions {
   // The resident step's input slices: at least this many steps of 4 packed words each (0: the fused step's
   // slices, and then its bits; cuda::ResidentGemvOptions::min_unit_steps).
   int resident_min_unit_steps = 32;
+  // The resident step streams its weights from a tiled, bank-swizzled copy made on the GPU at load
+  // (cuda::ResidentGemvOptions::tiled_copy: 8-11% faster chains, session 12; half a byte a weight more device
+  // memory, and a repacking at load that a default path may not do: the issue wants the bundle's layout read
+  // as written). Ignored without resident_step.
+  bool resident_tiled_copy = false;
   // With overlap_kernels, steps of weights each GEMV block prefetches into L2 before it waits for the previous
   // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). 16: a tie with 0 per channel, +1.4% at group 128;
   // 64 was 5% slower.

@@ -10,8 +10,9 @@
 //
 // Work. A unit is one row tile (128 output rows of one member matrix) times one input slice of one product,
 // exactly gemv_gptq's blocks under plan_gemv_gptq_grouped's plan; the chain's units are numbered product by
-// product (tile-major, then slice) and each block takes the next unhanded unit (an atomic counter) whenever
-// its ring needs one, so units are taken in the global order and only by blocks that run.
+// product (slices outermost by default: ResidentGemvOptions::slices_outermost) and each block takes the next
+// unhanded unit (an atomic counter) whenever its ring needs one, so units are taken in the global order and
+// only by blocks that run.
 //
 // Weights. Warp 0 keeps kStages stages requested ahead of the one being computed, across units and products:
 // a stage is up to 4 steps (16 packed words) of a unit's 128-row tile, one tensor copy (cp.async.bulk.tensor.2d,
@@ -78,6 +79,7 @@ static_assert(kThreads == kRows, "a thread per row in the split-K reduction");
 
 struct Part {
   const int32_t* qweight;
+  const int32_t* tiled;  // ResidentGemvOptions::tiled_copy: [row tiles][word stages][16 words][128 rows], or null
   const uint16_t* scales;
   const int32_t* qzeros;
   float* y;
@@ -106,6 +108,8 @@ struct Phase {
   int total_steps;
   int total_tiles;
   int first_unit;
+  int slices_outermost;  // ResidentGemvOptions::slices_outermost
+  int word_stages;       // stages of 16 words in a tile of the tiled copy: ceil(cols / 8 / 16)
 };
 
 struct ChainArgs {
@@ -135,8 +139,8 @@ __device__ __forceinline__ Unit unit_at(const ChainArgs& a, int g) {
   }
   const Phase& ph = a.phases[u.phase];
   const int local = g - ph.first_unit;
-  u.tile = local / ph.k_splits;
-  u.split = local % ph.k_splits;
+  u.tile = ph.slices_outermost ? local % ph.total_tiles : local / ph.k_splits;
+  u.split = ph.slices_outermost ? local / ph.total_tiles : local % ph.k_splits;
   u.part = 0;
 #pragma unroll
   for (int i = 1; i < kMaxGemvGroupMembers; ++i) {
@@ -228,8 +232,16 @@ __device__ __forceinline__ void request_stage(const ChainArgs& a, Requests& r, u
   if (lane == 0) {
     // The whole box always lands (past the slice: words the consumers skip; past the matrix: zeros).
     mbarrier_arrive_expect_tx(full + slot, kStageBytes);
-    tensor_copy_to_shared(ring + slot * kStageBytes, &a.maps[u.phase][u.part], static_cast<int>(u.row0),
-                          u.first_word + step0 * kWordsPerStep, full + slot);
+    const Phase& ph = a.phases[u.phase];
+    const Part& m = ph.parts[u.part];
+    if (m.tiled) {  // the stage is 8 KB in a row of the tiled copy (its first word is a multiple of 16)
+      const int64_t stage =
+          int64_t{u.tile - m.first_tile} * ph.word_stages + (u.first_word + step0 * kWordsPerStep) / kStageWords;
+      bulk_copy_to_shared(ring + slot * kStageBytes, m.tiled + stage * (kStageBytes / 4), kStageBytes, full + slot);
+    } else {
+      tensor_copy_to_shared(ring + slot * kStageBytes, &a.maps[u.phase][u.part], static_cast<int>(u.row0),
+                            u.first_word + step0 * kWordsPerStep, full + slot);
+    }
   }
   ++r.issued;
   if (++r.stage * kStageSteps >= u.steps) take_unit(a, r, queue, lane);
@@ -312,10 +324,17 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
   // blockIdx.x: blocks tend to start in order) are asked into L2, which is all a wrong guess costs.
   if (warp == 0 && static_cast<int>(blockIdx.x) < a.total_units) {
     const Unit u = unit_at(a, static_cast<int>(blockIdx.x));
-    const Part& m = a.phases[u.phase].parts[u.part];
-    const uint32_t run = static_cast<uint32_t>(min(int64_t{kRows}, m.rows - u.row0)) * 4;
-    for (int i = lane; i < min(u.steps, kStages * kStageSteps) * kWordsPerStep; i += 32) {
-      prefetch_l2(m.qweight + int64_t{u.first_word + i} * m.rows + u.row0, run);
+    const Phase& ph = a.phases[u.phase];
+    const Part& m = ph.parts[u.part];
+    if (m.tiled) {
+      const int64_t stage = int64_t{u.tile - m.first_tile} * ph.word_stages + u.first_word / kStageWords;
+      const int n = min((u.steps + kStageSteps - 1) / kStageSteps, kStages);
+      if (lane < n) prefetch_l2(m.tiled + (stage + lane) * (kStageBytes / 4), kStageBytes);
+    } else {
+      const uint32_t run = static_cast<uint32_t>(min(int64_t{kRows}, m.rows - u.row0)) * 4;
+      for (int i = lane; i < min(u.steps, kStages * kStageSteps) * kWordsPerStep; i += 32) {
+        prefetch_l2(m.qweight + int64_t{u.first_word + i} * m.rows + u.row0, run);
+      }
     }
   }
   wait_for_previous_kernel();
@@ -426,17 +445,22 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
       mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
     };
 
+    // This lane's 16 bytes (rows row .. row + 3 of word quad_col of each step) in a stage. In the tiled copy the
+    // 16-byte chunks of a word's run are swizzled (tile_qweight) so that the 8 lanes of a quarter warp, which
+    // read 4 words x 2 row groups, meet 8 different bank groups instead of 2 (4 wavefronts a load, not 16).
+    const int chunk = warp * 8 + quad_row;
+    const int lane_offset = quad_col * kWordPitch + (m.tiled ? chunk ^ (2 * quad_col) : chunk) * 16;
     const int n_stages = (u.steps + kStageSteps - 1) / kStageSteps;
     for (int j = 0; j < n_stages; ++j, ++consumed) {
       const int slot = static_cast<int>(consumed % kStages);
       wait_stage(full + slot, static_cast<uint32_t>((consumed / kStages) & 1), consumed);
-      const uint8_t* words = ring + slot * kStageBytes + quad_col * kWordPitch + (warp * 32 + 4 * quad_row) * 4;
+      const uint8_t* words = ring + slot * kStageBytes + lane_offset;
+      // Unpredicated: a stage always lands whole (rows past the matrix as zeros, whose sums are never written;
+      // steps past the slice are not computed), and predicates cost ~10 instructions a stage (ncu, session 12).
       uint4 batch[kStageSteps];
 #pragma unroll
       for (int k = 0; k < kStageSteps; ++k) {
-        batch[k] = row_ok && j * kStageSteps + k < u.steps
-                       ? *reinterpret_cast<const uint4*>(words + k * kWordsPerStep * kWordPitch)
-                       : make_uint4(0, 0, 0, 0);
+        batch[k] = *reinterpret_cast<const uint4*>(words + k * kWordsPerStep * kWordPitch);
       }
       // gemv_gptq.cu's compute_batch, for the batch of steps first .. first + 3.
       const int first = j * kStageSteps;
@@ -526,6 +550,21 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
   }
 }
 
+// ResidentGemvOptions::tiled_copy: qweight [words, rows] -> [row tiles][word stages][16 words][128 rows], zeros
+// past the matrix, with the 16-byte chunks (4 rows) of word w's run at chunk ^ (2 (w % 4)): the consumers'
+// conflict-free order (resident_gemv_chain's lane_offset). One thread a destination word.
+__global__ void tile_qweight(const int32_t* __restrict__ qweight, int64_t words, int64_t rows, int32_t* __restrict__ tiled,
+                             int64_t total) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t word_stages = (words + kStageWords - 1) / kStageWords;
+  const int64_t r = i % kRows, w_in = i / kRows % kStageWords, stage = i / (kRows * kStageWords) % word_stages,
+                tile = i / (int64_t{kRows} * kStageWords * word_stages);
+  const int64_t stored_chunk = r / 4, chunk = stored_chunk ^ (2 * (w_in % 4));
+  const int64_t row = tile * kRows + chunk * 4 + r % 4, word = stage * kStageWords + w_in;
+  tiled[i] = row < rows && word < words ? qweight[word * rows + row] : 0;
+}
+
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 // qweight [words, rows] int32 as the 2D tensor the stage copies read: boxes of 16 words x 128 rows.
@@ -590,6 +629,10 @@ Status describe_phase(const ResidentGemv& gemv, int multiprocessors, int64_t par
     return unsupported(what + ": an input slice of " + std::to_string(plan.steps_per_split * kWordsPerStep) +
                        " packed words (at most " + std::to_string(kMaxSliceWords) + ")");
   }
+  if (options.tiled_copy && plan.steps_per_split % kStageSteps != 0) {
+    return unsupported(what + ": tiled_copy needs input slices of whole 16-word stages (" +
+                       std::to_string(plan.steps_per_split * kWordsPerStep) + " words)");
+  }
   if (!gemv.x || address(gemv.x) % 16 != 0) return invalid_argument(what + ": x must be a 16-byte aligned device pointer");
   const GemvFusion& f = gemv.fusion;
   if (f.residual && gemv.members.size() > 1) return invalid_argument(what + ": a residual needs a single matrix");
@@ -612,7 +655,7 @@ Status describe_phase(const ResidentGemv& gemv, int multiprocessors, int64_t par
     if ((address(w.qweight) | address(gemv.members[i].y)) % 16 != 0 || address(w.scales) % 8 != 0) {
       return invalid_argument(what + ": qweight and y must be 16-byte aligned and scales 8-byte aligned");
     }
-    ph.parts[i] = Part{w.qweight, w.scales, w.qzeros, gemv.members[i].y, w.rows, w.zero_offset, tile};
+    ph.parts[i] = Part{w.qweight, nullptr, w.scales, w.qzeros, gemv.members[i].y, w.rows, w.zero_offset, tile};
     tile += static_cast<int>((w.rows + kRows - 1) / kRows);
   }
   ph.n_parts = static_cast<int>(gemv.members.size());
@@ -629,6 +672,8 @@ Status describe_phase(const ResidentGemv& gemv, int multiprocessors, int64_t par
   ph.steps_per_split = static_cast<int>(plan.steps_per_split);
   ph.total_steps = static_cast<int>(first.cols / 8 / kWordsPerStep);
   ph.total_tiles = static_cast<int>(plan.row_tiles_total);
+  ph.slices_outermost = options.slices_outermost ? 1 : 0;
+  ph.word_stages = static_cast<int>((first.cols / 8 + kStageWords - 1) / kStageWords);
   return ok_status();
 }
 
@@ -652,6 +697,7 @@ struct ResidentGemvChains::Impl {
   std::vector<ChainArgs> chains;
   std::vector<int64_t> bytes;
   DeviceBuffer counters, partials;
+  std::vector<DeviceBuffer> tiled;  // ResidentGemvOptions::tiled_copy
   int grid = 0;
 };
 
@@ -692,7 +738,17 @@ Result<ResidentGemvChains> ResidentGemvChains::create(std::span<const std::vecto
       Phase& ph = args.phases[p];
       PETREL_RETURN_IF_ERROR(describe_phase(chain[p], info.multiprocessors, partial_capacity, options, ph, plans[c][p]));
       for (size_t i = 0; i < chain[p].members.size(); ++i) {
-        PETREL_RETURN_IF_ERROR(encode_weight_map(*chain[p].members[i].w, args.maps[p][i]));
+        const DeviceGptqMatrix& w = *chain[p].members[i].w;
+        PETREL_RETURN_IF_ERROR(encode_weight_map(w, args.maps[p][i]));
+        if (options.tiled_copy) {
+          const int64_t total = (w.rows + kRows - 1) / kRows * kRows * ph.word_stages * kStageWords;
+          PETREL_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::allocate(static_cast<size_t>(total) * 4));
+          tile_qweight<<<static_cast<unsigned>((total + 255) / 256), 256>>>(w.qweight, w.cols / 8, w.rows,
+                                                                            buffer.as<int32_t>(), total);
+          PETREL_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "resident_gemv tiled copy");
+          ph.parts[i].tiled = buffer.as<int32_t>();
+          impl->tiled.push_back(std::move(buffer));
+        }
       }
       ph.first_unit = units;
       units += ph.total_tiles * ph.k_splits;
@@ -703,6 +759,7 @@ Result<ResidentGemvChains> ResidentGemvChains::create(std::span<const std::vecto
     args.total_units = units;
     counter_words += 2;
   }
+  if (options.tiled_copy) PETREL_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "resident_gemv tiled copies");
   PETREL_ASSIGN_OR_RETURN(impl->counters, DeviceBuffer::allocate(static_cast<size_t>(counter_words) * 4));
   PETREL_RETURN_IF_ERROR(impl->counters.fill_bytes(0));
   int64_t total_floats = 0;

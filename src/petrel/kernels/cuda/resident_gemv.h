@@ -37,6 +37,15 @@ struct ResidentGemvOptions {
   // at least this many steps of 4 words (a unit's first stage, parameters and epilogue are fixed costs);
   // 0: gemv_gptq_grouped's own plan (many more, smaller slices: its blocks do not stream across products).
   int min_unit_steps = 32;
+  // The order units are handed out in within a product. Slices outermost: every row tile's first slice, then
+  // every tile's second, ...: blocks that take units at about the same time read neighbouring row tiles of the
+  // same packed words, as the grouped GEMV's blocks do (DRAM pages read while open). Tiles outermost: a tile's
+  // slices one after another (session 11's order). Same sums, same bits either way.
+  bool slices_outermost = true;
+  // Experiment (session 12): stream each member's weights from a tiled copy made on the GPU in create()
+  // (every 128-row tile's 16-word stages as contiguous 8 KB: one 1D bulk copy a stage instead of a 2D tensor
+  // copy of 16 runs of 512 bytes; 4 bits a weight more device memory). Same arithmetic, same bits.
+  bool tiled_copy = false;
 };
 
 // OK when a chain can run resident: 1 to kMaxResidentPhases products, each accepted by gemv_gptq_grouped, with
