@@ -203,11 +203,14 @@ __device__ __forceinline__ void wait_stage(uint64_t* bar, uint32_t parity, int64
 
 constexpr int kQueue = 8;  // units a block may hold: the one computed and those of the kStages stages ahead
 
-// Warp 0's state: unit g (of the block's, -1 when there are no more), its stage `stage` is the next to request.
+// Warp 0's state: unit g (of the block's, -1 when there are no more; u is unit_at(g), computed once a unit, not
+// once a stage: warp 0's refill is on every stage's critical path), its stage `stage` is the next to request,
+// into ring slot `slot`.
 struct Requests {
   int g, stage;
-  int64_t issued;  // stages requested
-  int taken;       // units taken, the last in queue[(taken - 1) % kQueue]
+  int slot;
+  int taken;  // units taken, the last in queue[(taken - 1) % kQueue]
+  Unit u;
 };
 
 // Warp 0: takes the chain's next unit (in the global order) for this block and queues it for the consumers;
@@ -218,17 +221,18 @@ __device__ __forceinline__ void take_unit(const ChainArgs& a, Requests& r, int* 
   g = __shfl_sync(0xFFFFFFFFu, g, 0);
   r.g = g < a.total_units ? g : -1;
   r.stage = 0;
+  if (r.g >= 0) r.u = unit_at(a, r.g);
   if (lane == 0) queue[r.taken % kQueue] = r.g;
   ++r.taken;
 }
 
-// Warp 0: asks the copy engine for the next stage into ring slot issued % kStages.
+// Warp 0: asks the copy engine for the next stage into ring slot r.slot.
 __device__ __forceinline__ void request_stage(const ChainArgs& a, Requests& r, uint8_t* ring, uint64_t* full, int* queue,
                                               int lane) {
   if (r.g < 0) return;
-  const Unit u = unit_at(a, r.g);
+  const Unit& u = r.u;
   const int step0 = r.stage * kStageSteps;
-  const int slot = static_cast<int>(r.issued % kStages);
+  const int slot = r.slot;
   if (lane == 0) {
     // The whole box always lands (past the slice: words the consumers skip; past the matrix: zeros).
     mbarrier_arrive_expect_tx(full + slot, kStageBytes);
@@ -243,7 +247,7 @@ __device__ __forceinline__ void request_stage(const ChainArgs& a, Requests& r, u
                             u.first_word + step0 * kWordsPerStep, full + slot);
     }
   }
-  ++r.issued;
+  r.slot = slot + 1 == kStages ? 0 : slot + 1;
   if (++r.stage * kStageSteps >= u.steps) take_unit(a, r, queue, lane);
 }
 
@@ -339,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
   }
   wait_for_previous_kernel();
   __shared__ int queue[kQueue];
-  Requests requests{-1, 0, 0, 0};
+  Requests requests{-1, 0, 0, 0, Unit{}};
   if (warp == 0) {
     take_unit(a, requests, queue, lane);
     for (int s = 0; s < kStages; ++s) request_stage(a, requests, ring, full, queue, lane);
