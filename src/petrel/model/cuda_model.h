@@ -64,13 +64,14 @@ struct CudaModelOptions {
   // between two attention calls (o, gate/up, down, the next layer's q/k/v) as one launch of resident blocks
   // (cuda::ResidentGemvChains, kernels/cuda/resident_gemv.cu): two launches per layer instead of five. Where a
   // checkpoint's shapes do not fit it, the five-launch step runs. Off: not yet faster (8B per channel on an
-  // H200, 2026-12-03: 280 against 495 tok/s; docs/RESIDENT_STEP.md says why and what comes next).
+  // H200, 2026-12-04: 341 with resident_tiled_copy against 496 tok/s; docs/RESIDENT_STEP.md says why and what
+  // comes next).
   bool resident_step = false;
   // The resident step's input slices: at least this many steps of 4 packed words each (0: the fused step's
   // slices, and then its bits; cuda::ResidentGemvOptions::min_unit_steps).
   int resident_min_unit_steps = 32;
   // The resident step streams its weights from a tiled, bank-swizzled copy made on the GPU at load
-  // (cuda::ResidentGemvOptions::tiled_copy: 8-11% faster chains, session 12; half a byte a weight more device
+  // (cuda::ResidentGemvOptions::tiled_copy: 14-17% faster chains, session 12; half a byte a weight more device
   // memory, and a repacking at load that a default path may not do: the issue wants the bundle's layout read
   // as written). Ignored without resident_step.
   bool resident_tiled_copy = false;
