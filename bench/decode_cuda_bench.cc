@@ -1,6 +1,9 @@
 // petrel_bench_decode_cuda: the GPU token generator (model/cuda_model.h), tokens per second of tg128 as
-// llama-bench counts it (128 decode steps after an empty prompt, logits of every step copied to the host),
-// for several variants of the decode step in one run, and (--kernels) each decode kernel alone.
+// llama-bench counts it (128 decode steps after an empty prompt, the logits of every step in host memory:
+// CudaModel::decode_logits, as llama_get_logits reads llama.cpp's host buffer), for several variants of the
+// decode step in one run, and (--kernels) each decode kernel alone. Beside it, the same 128 steps with the
+// logits copied into a std::vector (CudaModel::decode), with only the 40 largest coming back (decode_top, what
+// `petrel run` samples from) and with no LM head at all (decode without logits): where the host's share goes.
 //
 //   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
 //                            [--reps N] [-n N] [--prompt N] [--kernels] [--variants unfused,fused-serial,...]
@@ -38,6 +41,8 @@
 //                     SiLU*up as kernels of their own (CudaModelOptions::fused_prefill_inputs off)
 //   fused-qkv-gemm    the defaults, and q/k/v of the prompt processor as one GEMM launch with the input
 //                     RMSNorm in its staging (CudaModelOptions::prefill_qkv_gemm)
+//   fused-copy-logits the defaults, but the logits written to device memory and copied to the host
+//                     (CudaModelOptions::logits_to_mapped_host off)
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
@@ -49,6 +54,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -230,6 +236,8 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.fused_prefill_inputs = false;
   } else if (base == "fused-qkv-gemm") {
     o.prefill_qkv_gemm = true;
+  } else if (base == "fused-copy-logits") {
+    o.logits_to_mapped_host = false;
   } else if (base != "fused") {
     return false;
   }
@@ -583,8 +591,8 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
   const double floor_ms = token_bytes / (copy_gbs * 1e9) * 1e3;
   std::printf("\nmodel: %s; weights read per token %.3f GB: floor %.3f ms/token (%.0f t/s) at the copy bandwidth\n\n",
               name.c_str(), token_bytes / 1e9, floor_ms, 1e3 / floor_ms);
-  std::printf("| step | test | upload s | t/s | ms/token | weight GB/s | %% copy | prompt %d ms | top-40 ms | after idle ms |\n"
-              "|---|---|---|---|---|---|---|---|---|---|\n",
+  std::printf("| step | test | upload s | t/s | ms/token | weight GB/s | %% copy | t/s, vector | t/s, top-40 | t/s, no LM head | prompt %d ms | top-40 ms | after idle ms |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
               o.prompt);
   for (const std::string& variant : o.variants) {
     CudaModelOptions options;
@@ -600,16 +608,31 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string label = variant + (options.resident_step && !(*gpu)->resident_step() ? " (not resident: shapes or GPU)" : "");
     std::vector<float> logits;
-    std::vector<double> rates;
-    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up (graph capture, first touches)
-      (*gpu)->reset();
-      const auto start = std::chrono::steady_clock::now();
-      for (int t = 0; t < o.n_gen; ++t) check((*gpu)->decode(static_cast<int32_t>((t * 7919 + 1) % c.vocab_size), &logits), "decode");
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (rep >= 0) rates.push_back(o.n_gen / s);
-    }
-    double mean = 0;
-    for (double r : rates) mean += r / rates.size();
+    // Mean tokens per second over the reps of n_gen steps, each step through `one` (token id, step index).
+    auto tg_rate = [&](const std::function<void(int32_t)>& one) {
+      std::vector<double> rates;
+      for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up (graph capture, first touches)
+        (*gpu)->reset();
+        const auto start = std::chrono::steady_clock::now();
+        for (int t = 0; t < o.n_gen; ++t) one(static_cast<int32_t>((t * 7919 + 1) % c.vocab_size));
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (rep >= 0) rates.push_back(o.n_gen / s);
+      }
+      double mean = 0;
+      for (double r : rates) mean += r / rates.size();
+      return mean;
+    };
+    float checksum = 0;  // reads the logits, as a caller would
+    const double mean = tg_rate([&](int32_t token) {
+      auto view = (*gpu)->decode_logits(token);
+      check(view.status(), "decode_logits");
+      checksum += (*view)[static_cast<size_t>(token)];
+    });
+    const double vector_rate = tg_rate([&](int32_t token) { check((*gpu)->decode(token, &logits), "decode"); });
+    TopLogits top_step;
+    const double top_rate = tg_rate([&](int32_t token) { check((*gpu)->decode_top(token, 40, &top_step), "decode_top"); });
+    const double none_rate = tg_rate([&](int32_t token) { check((*gpu)->decode(token, nullptr), "decode"); });
+    if (!std::isfinite(checksum)) std::fprintf(stderr, "note: non-finite logits in %s\n", variant.c_str());
     const double gbs = token_bytes * mean / 1e9;
     std::string prompt_ms = "- | - | -";
     if (o.prompt > 0) {
@@ -649,8 +672,8 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
       std::snprintf(buf, sizeof buf, "%.2f | %.2f | %.2f", all_logits, top_only, after_idle);
       prompt_ms = buf;
     }
-    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %s |\n", label.c_str(), o.n_gen, upload_s, mean,
-                1e3 / mean, gbs, 100.0 * gbs / copy_gbs, prompt_ms.c_str());
+    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %.1f | %.1f | %.1f | %s |\n", label.c_str(), o.n_gen,
+                upload_s, mean, 1e3 / mean, gbs, 100.0 * gbs / copy_gbs, vector_rate, top_rate, none_rate, prompt_ms.c_str());
     std::fflush(stdout);
   }
 }

@@ -203,6 +203,35 @@ TEST_P(CudaModelGptq, QuantizedTinyLlamaAgreesWithCpuTokenGenerator) {
   no_graph.use_graph = false;
   const std::vector<float> direct = cuda_logits(**model, tokens, no_graph);
   EXPECT_EQ(direct, gpu);
+
+  // The LM head writing to device memory and the logits copied, instead of written straight into mapped host
+  // memory: the same bits.
+  CudaModelOptions copied;
+  copied.logits_to_mapped_host = false;
+  EXPECT_EQ(cuda_logits(**model, tokens, copied), gpu);
+
+  // decode_logits (a view of the host buffer) and decode_top (the LM head's top-k on the GPU, its own graph)
+  // see the same steps.
+  CudaModelOptions steps;
+  steps.context_length = n;
+  steps.prefill_chunk = 0;
+  auto m = CudaModel::create(**model, steps);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  for (int64_t i = 0; i < n; ++i) {
+    auto view = (*m)->decode_logits(tokens[static_cast<size_t>(i)]);
+    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    ASSERT_EQ(view->size(), static_cast<size_t>(vocab));
+    EXPECT_TRUE(std::equal(view->begin(), view->end(), gpu.begin() + i * vocab)) << "token " << i;
+  }
+  EXPECT_EQ((*m)->position(), n);
+  (*m)->truncate(n - 1);
+  TopLogits top;
+  ASSERT_TRUE((*m)->decode_top(tokens.back(), 3, &top).ok());
+  const auto last = gpu.begin() + (n - 1) * vocab;
+  const auto best = std::max_element(last, last + vocab);
+  ASSERT_EQ(top.ids.size(), 3u);
+  EXPECT_EQ(top.ids[0], best - last);
+  EXPECT_EQ(top.values[0], *best);
 }
 
 // The fused decode step (five launches per layer, overlapped) against the unfused one on the same checkpoint:

@@ -1140,13 +1140,17 @@ TEST(KernelsCuda, TopKLogitsMatchAFullSort) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   std::mt19937 rng(61);
   auto result = cuda::DeviceBuffer::allocate(sizeof(cuda::TopKResult));
-  ASSERT_TRUE(result.ok());
+  auto workspace = cuda::DeviceBuffer::allocate(cuda::kTopKWorkspaceBytes);
+  ASSERT_TRUE(result.ok() && workspace.ok());
   auto* out = static_cast<cuda::TopKResult*>(result->data());
+  void* scratch = workspace->data();
+  bool overlap = false;  // alternated: the same answers with programmatic dependent launch
   auto run = [&](const std::vector<float>& v, int k) {
     auto dev = to_device(v.data(), v.size() * 4);
     cuda::TopKResult got{};
     EXPECT_TRUE(result->fill_bytes(0xAB).ok());
-    const Status st = cuda::top_k_logits(dev.as<float>(), static_cast<int64_t>(v.size()), k, out);
+    const Status st = cuda::top_k_logits(dev.as<float>(), static_cast<int64_t>(v.size()), k, out, scratch, nullptr, overlap);
+    overlap = !overlap;
     EXPECT_TRUE(st.ok()) << st.to_string();
     EXPECT_TRUE(cuda::synchronize().ok());
     EXPECT_TRUE(result->download(&got, sizeof got).ok());
@@ -1192,11 +1196,12 @@ TEST(KernelsCuda, TopKLogitsMatchAFullSort) {
   EXPECT_EQ(run(v, 1).count, 0) << "NaN";
   // Refusals.
   auto dev = to_device(v.data(), 64 * 4);
-  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 64, 0, out).ok());
-  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 64, cuda::kMaxDeviceTopK + 1, out).ok());
-  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 10, 20, out).ok());
-  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), cuda::kMaxDeviceTopKValues + 1, 1, out).ok());
-  EXPECT_FALSE(cuda::top_k_logits(nullptr, 64, 1, out).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 64, 0, out, scratch).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 64, cuda::kMaxDeviceTopK + 1, out, scratch).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 10, 20, out, scratch).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), cuda::kMaxDeviceTopKValues + 1, 1, out, scratch).ok());
+  EXPECT_FALSE(cuda::top_k_logits(nullptr, 64, 1, out, scratch).ok());
+  EXPECT_FALSE(cuda::top_k_logits(dev.as<float>(), 64, 1, out, nullptr).ok());
   std::printf("[ cuda top_k ] %d lists equal to a full sort's\n", checked);
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -180,6 +181,12 @@ Status check_gpu_memory(const GpuMemoryNeed& need, int64_t free_bytes, int64_t t
                      " bytes) is free of " + gib(total_bytes) + "; use a shorter context or a smaller model");
 }
 
+// What a decode step leaves behind: the final hidden state in `normed` (no LM head), the logits in host
+// memory (host_logits), or the top-k of the logits (top_host; `logits` on the device too).
+enum class CudaModel::StepOutput { kNormed, kLogits, kTop };
+
+constexpr size_t kTopResultBytes = (sizeof(cuda::TopKResult) + 255) / 256 * 256;
+
 struct CudaModel::State {
   LlamaConfig config;
   CudaModelOptions options;
@@ -192,7 +199,10 @@ struct CudaModel::State {
   cuda::CudaStream side_streams[2];
   cuda::GemvWorkspace side_workspaces[2];
   cuda::CudaEvent fork_event, join_events[2];
-  cuda::CudaGraph step_graph;  // the step without the LM head, captured at the first decode
+  // The decode step as graphs, each captured at its first use: without the LM head (StepOutput::kNormed),
+  // with the LM head and the logits to the host (kLogits), with the LM head and its top-k for each k (kTop).
+  cuda::CudaGraph step_graph, logits_graph;
+  std::map<int, cuda::CudaGraph> top_graphs;
 
   cuda::DeviceBuffer embed_storage;
   cuda::DeviceDenseMatrix embed;
@@ -204,11 +214,13 @@ struct CudaModel::State {
   // KV cache, [n_layers, context_length, n_kv_heads, head_dim] fp16 each.
   cuda::DeviceBuffer keys, values;
   // Activations of one token (each its own allocation: the GEMVs want 16-byte aligned vectors).
-  cuda::DeviceBuffer step_input;  // int32 {token, position}
+  cuda::DeviceBuffer step_input;  // int32 {token, position}, copied from host_input by every step
+  cuda::PinnedBuffer host_input;
   cuda::DeviceBuffer x, normed, q, k, v, attn, proj, gate, up, logits, attention_workspace;
   cuda::PinnedBuffer host_logits;
+  bool logits_mapped = false;  // options.logits_to_mapped_host where host_logits maps into the device
   // decode_top / forward_top: cuda::top_k_logits' answer on the device and its pinned copy on the host.
-  cuda::DeviceBuffer top_device;
+  cuda::DeviceBuffer top_device;  // the answer, then (at kTopResultBytes) top_k_logits' workspace
   cuda::PinnedBuffer top_host;
   // The fused decode step (options.fused_step on a checkpoint whose decoder linears are all GPTQ):
   // uint32 [n_kv_heads] split arrival counters of decode_attention_rope, zero between steps.
@@ -285,7 +297,7 @@ struct CudaModel::State {
   //   down_proj GEMV, SiLU(gate) * up in its staging, x += in its epilogue.
   // x is the residual stream, up to date after every layer (the unfused step keeps the last add pending in
   // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
-  Status enqueue_fused_step() {
+  Status enqueue_fused_step(bool with_final_norm) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -330,13 +342,14 @@ struct CudaModel::State {
       PETREL_RETURN_IF_ERROR(
           cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s, gemv, silu_and_add));
     }
+    if (!with_final_norm) return ok_status();
     return cuda::rms_norm(residual, nullptr, 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
   }
 
   // The resident step: the fused step's products and attention calls in the same order, the products between
   // two attention calls in one launch (resident_chains says which); the fused step's bits with
   // options.resident_min_unit_steps 0, otherwise the same sums cut into longer input slices.
-  Status enqueue_resident_step() {
+  Status enqueue_resident_step(bool with_final_norm) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
     const int32_t* token = step_input.as<int32_t>();
@@ -352,6 +365,7 @@ struct CudaModel::State {
                                                          attn.as<float>(), s, overlap));
     }
     PETREL_RETURN_IF_ERROR(resident.enqueue(static_cast<int>(c.num_hidden_layers), s, overlap));
+    if (!with_final_norm) return ok_status();
     return cuda::rms_norm(x.as<float>(), nullptr, 1, c.hidden_size, final_norm.weight, static_cast<float>(c.rms_norm_eps),
                           normed.as<float>(), s);
   }
@@ -448,10 +462,15 @@ struct CudaModel::State {
     return true;
   }
 
-  // Everything up to the final RMSNorm (into `normed`), for the token and position in step_input.
-  Status enqueue_step() {
-    if (resident.size() > 0) return enqueue_resident_step();
-    if (fused) return enqueue_fused_step();
+  // Whether the LM head takes the final RMSNorm into its staging (the fused and resident steps, whose residual
+  // stream x is complete at the end, with a GPTQ LM head), so that the step leaves `normed` alone.
+  bool head_takes_final_norm() const { return (fused || resident.size() > 0) && lm_head.gptq; }
+
+  // Everything up to the final RMSNorm (into `normed`, unless !with_final_norm and head_takes_final_norm()), for the
+  // token and position in step_input.
+  Status enqueue_step(bool with_final_norm = true) {
+    if (resident.size() > 0) return enqueue_resident_step(with_final_norm || !lm_head.gptq);
+    if (fused) return enqueue_fused_step(with_final_norm || !lm_head.gptq);
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -692,11 +711,23 @@ struct CudaModel::State {
   // (cuda::top_k_logits) and only those copied back; synchronizes. When the kernel cannot choose (a NaN in the
   // logits), every logit is copied instead (TopLogits::all).
   Status last_top(int top_k, TopLogits* top) {
-    const cuda::Stream s = stream.get();
     PETREL_RETURN_IF_ERROR(linear(lm_head, normed, logits));
+    PETREL_RETURN_IF_ERROR(enqueue_top(top_k));
+    return read_top(top_k, top);
+  }
+
+  // The top_k largest of `logits` (on the device) into top_host.
+  Status enqueue_top(int top_k) {
+    const cuda::Stream s = stream.get();
     auto* result = static_cast<cuda::TopKResult*>(top_device.data());
-    PETREL_RETURN_IF_ERROR(cuda::top_k_logits(logits.as<float>(), config.vocab_size, top_k, result, s));
-    PETREL_RETURN_IF_ERROR(cuda::copy_to_host(top_host.data(), result, sizeof(cuda::TopKResult), s));
+    void* workspace = static_cast<char*>(top_device.data()) + kTopResultBytes;
+    PETREL_RETURN_IF_ERROR(cuda::top_k_logits(logits.as<float>(), config.vocab_size, top_k, result, workspace, s, overlap));
+    return cuda::copy_to_host(top_host.data(), result, sizeof(cuda::TopKResult), s);
+  }
+
+  // Waits for enqueue_top's answer and returns it (every logit when the kernel could not choose).
+  Status read_top(int top_k, TopLogits* top) {
+    const cuda::Stream s = stream.get();
     PETREL_RETURN_IF_ERROR(with_context(stream.synchronize(), "the CUDA LM head and top-k"));
     const auto* answer = static_cast<const cuda::TopKResult*>(top_host.data());
     top->all.clear();
@@ -712,17 +743,53 @@ struct CudaModel::State {
     return with_context(stream.synchronize(), "copying the logits");
   }
 
-  Status run_step() {
-    if (!options.use_graph) return enqueue_step();
-    if (step_graph.empty()) {
-      PETREL_RETURN_IF_ERROR(cuda::CudaGraph::begin_capture(stream.get()));
-      Status enqueued = enqueue_step();
-      auto graph = cuda::CudaGraph::end_capture(stream.get());  // always end the capture, also after an error
-      PETREL_RETURN_IF_ERROR(enqueued);
-      PETREL_RETURN_IF_ERROR(with_context(graph.status(), "capturing the decode step"));
-      step_graph = std::move(graph).value();
+  // One decode step for the token and position in host_input, up to `output`: the input's copy to the device,
+  // the step, and (kLogits, kTop) the LM head, with the final RMSNorm in its staging where it can, and the
+  // logits to host_logits (written there by the LM head itself when logits_mapped) or their top_k to top_host.
+  Status enqueue_decode(StepOutput output, int top_k) {
+    const cuda::Stream s = stream.get();
+    PETREL_RETURN_IF_ERROR(cuda::copy_to_device(step_input.data(), host_input.data(), 2 * sizeof(int32_t), s));
+    const bool head = output != StepOutput::kNormed;
+    const bool fold_norm = head && head_takes_final_norm();
+    PETREL_RETURN_IF_ERROR(enqueue_step(!fold_norm));
+    if (!head) return ok_status();
+    const bool to_host = output == StepOutput::kLogits && logits_mapped;
+    float* y = to_host ? static_cast<float*>(host_logits.device_data()) : logits.as<float>();
+    if (fold_norm) {
+      cuda::GemvOptions gemv;
+      gemv.overlap_previous = overlap;
+      gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
+      cuda::GemvFusion norm;
+      norm.input = cuda::GemvInput::kRmsNorm;
+      norm.norm_weight = final_norm.weight;
+      norm.norm_eps = static_cast<float>(config.rms_norm_eps);
+      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(lm_head.quantized.view(), x.as<float>(), y, gemv_workspace, s, gemv, norm));
+    } else if (lm_head.gptq) {
+      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(lm_head.quantized.view(), normed.as<float>(), y, gemv_workspace, s));
+    } else {
+      PETREL_RETURN_IF_ERROR(cuda::gemv_dense(lm_head.dense, normed.as<float>(), y, s));
     }
-    return step_graph.launch(stream.get());
+    if (output == StepOutput::kTop) return enqueue_top(top_k);
+    if (to_host) return ok_status();
+    return cuda::copy_to_host(host_logits.data(), logits.data(), static_cast<size_t>(config.vocab_size) * 4, s);
+  }
+
+  // enqueue_decode, replayed from its graph (captured at the first use of each output and k) unless
+  // options.use_graph is off.
+  Status run_step(StepOutput output, int top_k) {
+    if (!options.use_graph) return enqueue_decode(output, top_k);
+    cuda::CudaGraph& graph = output == StepOutput::kNormed   ? step_graph
+                             : output == StepOutput::kLogits ? logits_graph
+                                                             : top_graphs[top_k];
+    if (graph.empty()) {
+      PETREL_RETURN_IF_ERROR(cuda::CudaGraph::begin_capture(stream.get()));
+      Status enqueued = enqueue_decode(output, top_k);
+      auto captured = cuda::CudaGraph::end_capture(stream.get());  // always end the capture, also after an error
+      PETREL_RETURN_IF_ERROR(enqueued);
+      PETREL_RETURN_IF_ERROR(with_context(captured.status(), "capturing the decode step"));
+      graph = std::move(captured).value();
+    }
+    return graph.launch(stream.get());
   }
 };
 
@@ -903,7 +970,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     if (resident.ok()) s.resident = std::move(*resident);
   }
   PETREL_ASSIGN_OR_RETURN(s.host_logits, cuda::PinnedBuffer::allocate(static_cast<size_t>(c.vocab_size) * 4));
-  PETREL_ASSIGN_OR_RETURN(s.top_device, cuda::DeviceBuffer::allocate(sizeof(cuda::TopKResult)));
+  s.logits_mapped = options.logits_to_mapped_host && s.host_logits.device_data() != nullptr;
+  PETREL_ASSIGN_OR_RETURN(s.host_input, cuda::PinnedBuffer::allocate(2 * sizeof(int32_t)));
+  PETREL_ASSIGN_OR_RETURN(s.top_device, cuda::DeviceBuffer::allocate(kTopResultBytes + cuda::kTopKWorkspaceBytes));
   PETREL_ASSIGN_OR_RETURN(s.top_host, cuda::PinnedBuffer::allocate(sizeof(cuda::TopKResult)));
   if (options.prefill_chunk > 1) {
     State::Prefill& p = s.prefill;
@@ -963,7 +1032,7 @@ Status CudaModel::warm_up() {
 }
 
 // The checks of one decode step, its input and its launch (the step graph), without waiting for it.
-Status CudaModel::start_decode(int32_t token) {
+Status CudaModel::start_decode(int32_t token, StepOutput output, int top_k) {
   State& s = *state_;
   const LlamaConfig& c = s.config;
   if (token < 0 || token >= c.vocab_size) {
@@ -974,21 +1043,18 @@ Status CudaModel::start_decode(int32_t token) {
     return out_of_range("Context Size was exceeded: " + std::to_string(s.position) + " positions used + 1 new token > context length " +
                         std::to_string(s.options.context_length));
   }
-  // Pageable source: cudaMemcpyAsync stages it before returning, so the host array may go away at once.
-  const int32_t input[2] = {token, static_cast<int32_t>(s.position)};
-  PETREL_RETURN_IF_ERROR(cuda::copy_to_device(s.step_input.data(), input, sizeof input, s.stream.get()));
-  return s.run_step();
+  // Every step waits for the one before it (each call synchronizes), so host_input is free to overwrite; the
+  // step's graph copies it to the device first.
+  int32_t* input = s.host_input.as<int32_t>();
+  input[0] = token;
+  input[1] = static_cast<int32_t>(s.position);
+  return s.run_step(output, top_k);
 }
 
 Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
   State& s = *state_;
   const LlamaConfig& c = s.config;
-  PETREL_RETURN_IF_ERROR(start_decode(token));
-  if (logits) {
-    PETREL_RETURN_IF_ERROR(s.linear(s.lm_head, s.normed, s.logits));
-    PETREL_RETURN_IF_ERROR(cuda::copy_to_host(s.host_logits.data(), s.logits.data(), static_cast<size_t>(c.vocab_size) * 4,
-                                              s.stream.get()));
-  }
+  PETREL_RETURN_IF_ERROR(start_decode(token, logits ? StepOutput::kLogits : StepOutput::kNormed));
   PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "the CUDA decode step"));
   if (logits) {
     logits->resize(c.vocab_size);
@@ -996,6 +1062,14 @@ Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
   }
   ++s.position;
   return ok_status();
+}
+
+Result<std::span<const float>> CudaModel::decode_logits(int32_t token) {
+  State& s = *state_;
+  PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kLogits));
+  PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "the CUDA decode step"));
+  ++s.position;
+  return std::span<const float>(s.host_logits.as<const float>(), static_cast<size_t>(s.config.vocab_size));
 }
 
 int CudaModel::max_top_k(const LlamaConfig& config) {
@@ -1014,8 +1088,8 @@ Status CudaModel::check_top_request(int k, const TopLogits* top) const {
 
 Status CudaModel::decode_top(int32_t token, int k, TopLogits* top) {
   PETREL_RETURN_IF_ERROR(check_top_request(k, top));
-  PETREL_RETURN_IF_ERROR(start_decode(token));
-  PETREL_RETURN_IF_ERROR(state_->last_top(k, top));
+  PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kTop, k));
+  PETREL_RETURN_IF_ERROR(state_->read_top(k, top));
   ++state_->position;
   return ok_status();
 }

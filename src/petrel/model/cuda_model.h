@@ -81,6 +81,12 @@ struct CudaModelOptions {
   int gemv_l2_prefetch_steps = 16;
   // The fused step's GEMVs reduce their split-K sums in thread-block clusters (cuda::GemvOptions::cluster_reduce).
   bool gemv_cluster_reduce = false;
+  // The decode step's logits (decode(), decode_logits()) are written by the LM head straight into pinned host
+  // memory mapped into the device (zero-copy: 513 KB a token for Llama-3.1-8B goes over the bus while the LM
+  // head runs) instead of into device memory and then copied. Either way the token's input, the step, the LM
+  // head and the logits' way to the host are one graph launch (the fused step also folds its final RMSNorm
+  // into the LM head's staging). false: device buffer + copy (kept for comparison; docs/PERFORMANCE.md).
+  bool logits_to_mapped_host = true;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
   // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
   int64_t prefill_chunk = 512;
@@ -169,6 +175,10 @@ class CudaModel {
   // [vocab] on the host. Fails with kOutOfRange, changing nothing, when the cache is full.
   Status decode(int32_t token, std::vector<float>* logits);
 
+  // decode() with the logits left where the step put them: a view of the model's pinned host buffer [vocab],
+  // valid until the next call on this model (what llama.cpp's llama_get_logits gives; no copy into a vector).
+  Result<std::span<const float>> decode_logits(int32_t token);
+
   // LlamaModel::forward's contract for the GPU (kLast: the last token's logits; kAll: every token's,
   // concatenated; kNone: none): more than one token go through the prompt processor in chunks of
   // options.prefill_chunk, a single token (or prefill_chunk <= 1) through decode(). Checks every id and the
@@ -187,7 +197,8 @@ class CudaModel {
   struct State;
   explicit CudaModel(std::unique_ptr<State> state);
   Status warm_up();
-  Status start_decode(int32_t token);
+  enum class StepOutput;
+  Status start_decode(int32_t token, StepOutput output, int top_k = 0);
   Status check_top_request(int k, const TopLogits* top) const;
   Status run_forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits, int top_k,
                      TopLogits* top);

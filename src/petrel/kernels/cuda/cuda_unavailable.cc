@@ -169,7 +169,7 @@ bool gemm_gptq_group_applies(std::span<const GemvGroupMember>, int64_t, const Ge
 }
 Status gemm_dense(const DeviceDenseMatrix&, const float*, int64_t, float*, GemmWorkspace&, Stream) { return not_built(); }
 Status convert_floats(const float*, int64_t, DType, void*, Stream) { return not_built(); }
-Status top_k_logits(const float*, int64_t, int, TopKResult*, Stream) { return not_built(); }
+Status top_k_logits(const float*, int64_t, int, TopKResult*, void*, Stream, bool) { return not_built(); }
 Status dequantize_gptq(const DeviceGptqMatrix&, void*, Stream) { return not_built(); }
 
 }  // namespace petrel::cuda

@@ -123,8 +123,13 @@ Status copy_on_device(void* destination, const void* source, size_t bytes, Strea
 Result<PinnedBuffer> PinnedBuffer::allocate(size_t bytes) {
   PinnedBuffer buffer;
   if (bytes == 0) return buffer;
-  PETREL_CUDA_RETURN_IF_ERROR(cudaMallocHost(&buffer.data_, bytes), "cudaMallocHost(" + std::to_string(bytes) + " bytes)");
+  PETREL_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&buffer.data_, bytes, cudaHostAllocMapped),
+                              "cudaHostAlloc(" + std::to_string(bytes) + " bytes, mapped)");
   buffer.size_ = bytes;
+  if (cudaHostGetDevicePointer(&buffer.device_, buffer.data_, 0) != cudaSuccess) {
+    buffer.device_ = nullptr;
+    cudaGetLastError();  // not sticky; clear it so that it does not surface at an unrelated call
+  }
   return buffer;
 }
 
@@ -133,12 +138,15 @@ PinnedBuffer::~PinnedBuffer() {
 }
 
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      device_(std::exchange(other.device_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
 
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   if (this != &other) {
     if (data_) cudaFreeHost(data_);
     data_ = std::exchange(other.data_, nullptr);
+    device_ = std::exchange(other.device_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;

@@ -86,7 +86,9 @@ Status copy_to_host(void* host, const void* device, size_t bytes, Stream stream)
 // Device-to-device, ordered on `stream`.
 Status copy_on_device(void* destination, const void* source, size_t bytes, Stream stream);
 
-// Page-locked host memory (copies to and from it overlap with other work and are captured in graphs).
+// Page-locked host memory (copies to and from it overlap with other work and are captured in graphs), mapped
+// into the device's address space: kernels may read and write it directly through device_data() (zero-copy,
+// over the bus; worth it for results written once and read by the host, such as the decode step's logits).
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -100,9 +102,13 @@ class PinnedBuffer {
   template <typename T>
   T* as() const { return static_cast<T*>(data_); }
   size_t size() const { return size_; }
+  // The address kernels use for this memory (the same as data() on unified-addressing systems), or null when
+  // the device cannot map it.
+  void* device_data() const { return device_; }
 
  private:
   void* data_ = nullptr;
+  void* device_ = nullptr;
   size_t size_ = 0;
 };
 

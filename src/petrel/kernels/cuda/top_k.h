@@ -24,8 +24,14 @@ struct TopKResult {
   int32_t ids[kMaxDeviceTopK];
 };
 
+// Device scratch memory top_k_logits needs (one maximum per 256 values).
+inline constexpr int64_t kTopKWorkspaceBytes = kMaxDeviceTopKValues / 256 * 4;
+
 // *out (device memory) = the k largest of values[0 .. n) (device, float32), 1 <= k <= kMaxDeviceTopK,
-// k <= n <= kMaxDeviceTopKValues; one block on `stream`, asynchronously. -0.0 counts as +0.0.
-Status top_k_logits(const float* values, int64_t n, int k, TopKResult* out, Stream stream = nullptr);
+// k <= n <= kMaxDeviceTopKValues, with `workspace` (device, kTopKWorkspaceBytes); two launches on `stream`,
+// asynchronously, each overlapping the kernel before it when `overlap` (programmatic dependent launch: Hopper
+// and later). -0.0 counts as +0.0.
+Status top_k_logits(const float* values, int64_t n, int k, TopKResult* out, void* workspace, Stream stream = nullptr,
+                    bool overlap = false);
 
 }  // namespace petrel::cuda
