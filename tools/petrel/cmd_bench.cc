@@ -108,11 +108,11 @@ int run_bench(const BenchFlags& f) {
   auto time_tg = [&](int64_t n) -> Result<double> {
     if (gpu) {
       gpu->reset();
-      std::vector<float> logits;
       int32_t next = token(rng);
       const auto start = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < n; ++i) {
-        PETREL_RETURN_IF_ERROR(gpu->decode(next, &logits));
+        // Each token's logits in host memory, as llama-bench's tg leaves them (a view, not a copy).
+        PETREL_RETURN_IF_ERROR(gpu->decode_logits(next).status());
         next = token(rng);
       }
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
