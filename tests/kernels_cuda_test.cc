@@ -1053,7 +1053,9 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
   for (const Case& c : {Case{32, 8, 128, 0, 4096, 0}, Case{32, 8, 128, 63, 4096, 0}, Case{32, 8, 128, 64, 4096, 0},
                         Case{32, 8, 128, 1000, 4096, 0}, Case{8, 2, 32, 299, 512, 0}, Case{4, 1, 40, 76, 128, 16},
                         Case{6, 6, 16, 128, 256, 32}, Case{64, 1, 64, 49, 64, 0}, Case{2, 2, 256, 32, 33, 7},
-                        Case{8, 2, 30, 4, 5, 1}, Case{3, 1, 2, 9, 16, 4}, Case{32, 8, 128, 4095, 4096, 0}}) {
+                        Case{8, 2, 30, 4, 5, 1}, Case{3, 1, 2, 9, 16, 4}, Case{32, 8, 128, 4095, 4096, 0},
+                        // past 4 chunk slots x 32 blocks: several rounds of chunks a block, two stage buffers
+                        Case{8, 2, 64, 9000, 10000, 0}, Case{4, 2, 128, 5000, 5001, 0}}) {
     for (bool overlap : {false, true}) {
       SCOPED_TRACE(std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " heads of " +
                    std::to_string(c.head_dim) + " at position " + std::to_string(c.position) + " of " +

@@ -23,34 +23,42 @@
 // partial, combine), laid out for latency, since at the lengths the token generator runs at the KV cache is
 // small next to the weights (Llama-3.1-8B, 128 positions: 256 KB a layer against 120 MB of W4 weights) and
 // what costs is the chain of dependent memory round trips in a block. Block (kv_head, y), y < n_blocks =
-// min(ceil(context_length / 32), 32); the n = *position + 1 positions are cut on the device into chunks of 32
-// and each block takes an equal run of whole chunks (so at tg128 each of the first few blocks has one chunk and
-// the rest return at once).
+// min(ceil(context_length / 32), 32), of `slots` quads of warps (4 where the context has 3 or more chunks: 512
+// threads); the n = *position + 1 positions are cut on the device into chunks of 32 and each block takes an
+// equal run of whole chunks, at least `slots` of them (so at tg128's lengths, up to 128 positions, one block
+// per KV head does everything and the others return at once). Slot s takes the block's chunks s, s + slots, ...
+// (one "round" of chunks at a time, all slots in parallel), and the slots' softmax states are merged in shared
+// memory at the end: more warps on the latency chain of a chunk, and no combine through L2 below 129 positions.
 //  - First, before it waits for the projections (programmatic dependent launch, programmatic_launch.cuh), a
-//    block copies its first one or two chunks of keys and values into shared memory with cp.async (8 16-byte
+//    block copies its first one or two rounds of keys and values into shared memory with cp.async (8 16-byte
 //    copies a thread, all in flight together; rows written by earlier steps, never the previous kernel) and
 //    computes the cos/sin of the RoPE pairs each lane rotates (rope.cu's float32 angle, double cos/sin rounded
 //    to float, no FMA contraction).
 //  - After the wait it rotates its query heads into shared memory and, in the block holding *position, this
 //    token's key, storing key and value as fp16 at that row of the cache and in shared memory.
-//  - Per chunk, warp w takes the query heads w, w + 4, ... of the group: lane t scores position c0 + t (key row
+//  - Per chunk, warp w of the slot takes the query heads w, w + 4, ... of the group: lane t scores position c0 + t (key row
 //    from shared memory, padded by 16 bytes so that 16-byte loads do not conflict), the warp updates an online
 //    softmax (running max and sum, shuffles) and each lane accumulates its value dims (adjacent pairs, row u's
 //    weight shuffled from lane u). A head's running state stays in registers within a chunk and in shared
-//    memory between chunks; the next chunk's copies are in flight meanwhile (two stage buffers where 48 KB
-//    allow, else one).
+//    memory between chunks; the next round's copies are in flight meanwhile (two stage buffers a slot where a
+//    block can have several rounds, past 4,096 positions of context, and shared memory allows; else one).
+//  - Then the slots' states are merged per head (M = max m_s, l = sum l_s e^(m_s - M), the values likewise),
+//    and written as the output (one block) or as the block's partials.
 //  - Behind, the last block of each KV head to arrive (an atomic counter per KV head, reset by that block;
 //    partials through L2 as gemv_gptq's split-K) combines the blocks' (max, sum, values); a lone block writes
 //    the output itself.
 // History (Llama-3.1-8B on an H200, per call in a graph at tg128's average of 64 positions): the first fused
 // version, one block per (KV head, 32-position split) with a block-wide softmax, took 23.4 us, more than the
 // two-launch pair (16.5); the online softmax over lane-per-position chunks read from L2 took 9.4 us (7.4
-// overlapped with the q/k/v GEMV); staging the chunk in shared memory before the wait, 8.0 us (5.1 overlapped).
+// overlapped with the q/k/v GEMV); staging the chunk in shared memory before the wait, 8.0 us (5.1 overlapped);
+// four chunk slots a block (session 13): tg128 +2% for the whole step (rope_config says more).
 // split_positions applies to the two-launch path only.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <type_traits>
 #include <cmath>
 
 #include "petrel/kernels/cuda/async_copy.cuh"
@@ -192,6 +200,7 @@ struct RopeAttentionArgs {
   float* out;          // [n_heads, head_dim]; prefill: [n_tokens, n_heads, head_dim]
   int64_t start;       // prefill: the position of token 0 (blockIdx.z)
   int n_heads, n_kv_heads, head_dim, group, n_blocks, stages;
+  int slots;  // chunks a block works on at once, one per quad of warps (blockDim.x = kThreads * slots)
   float scale;
 };
 
@@ -199,27 +208,30 @@ struct RopeAttentionArgs {
 constexpr int kChunk = 32;
 // Blocks per KV head at most: the combine gives each block's partials a lane.
 constexpr int kMaxRopeBlocks = 32;
+// Chunk slots of a block at most: kThreads threads (4 warps) per slot.
+constexpr int kMaxRopeSlots = 4;
 
 // The fused kernel's shared memory, in bytes from the start (each part 16-byte aligned): the rotated queries
-// of the group (float32), each head's running softmax state between chunks (values, max, sum), this token's
-// key and value (fp16, as stored), and `stages` buffers of one chunk of keys (rows padded by 16 bytes, so that
-// the 8 lanes of a 16-byte shared load phase hit distinct banks) and values.
+// of the group (float32), each slot's running softmax state of each head (values, max, sum), this token's key
+// and value (fp16, as stored), and `stages` x `slots` buffers of one chunk of keys (rows padded by 16 bytes, so
+// that the 8 lanes of a 16-byte shared load phase hit distinct banks) and values.
 struct RopeSharedLayout {
   int64_t q, acc, max_sum, token, stage, key_stride, stage_bytes, total;
 };
 
 __host__ __device__ inline int64_t round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-__host__ __device__ inline RopeSharedLayout rope_shared_layout(int64_t group, int64_t head_dim, int64_t stages) {
+__host__ __device__ inline RopeSharedLayout rope_shared_layout(int64_t group, int64_t head_dim, int64_t stages,
+                                                                int64_t slots) {
   RopeSharedLayout l;
   l.key_stride = head_dim % 8 == 0 ? head_dim + 8 : head_dim + 2;  // halves
   l.q = 0;
-  l.acc = l.q + round16(group * head_dim * 4);
-  l.max_sum = l.acc + round16(group * head_dim * 4);
-  l.token = l.max_sum + round16(2 * group * 4);
+  l.acc = l.q + round16(group * head_dim * 4);                // [slots][group][head_dim]
+  l.max_sum = l.acc + round16(slots * group * head_dim * 4);  // [slots][2][group]
+  l.token = l.max_sum + round16(slots * 2 * group * 4);
   l.stage = l.token + round16(2 * head_dim * 2);
-  l.stage_bytes = round16(kChunk * l.key_stride * 2) + round16(kChunk * head_dim * 2);
-  l.total = l.stage + stages * l.stage_bytes;
+  l.stage_bytes = round16(kChunk * l.key_stride * 2) + round16(kChunk * head_dim * 2);  // buffer b of slot s: b * slots + s
+  l.total = l.stage + stages * slots * l.stage_bytes;
   return l;
 }
 
@@ -264,19 +276,22 @@ __device__ __forceinline__ float key_dot(const float* q, const __half* key, int 
 // kPrefill (prefill_attention_short): token blockIdx.z of a prompt at position start + blockIdx.z, its query
 // rows already rotated and every key and value row already in the cache; no RoPE, no store, n_blocks = 1.
 template <int kPairs, bool kVector8, bool kPrefill>
-__global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAttentionArgs a) {
+__global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kernel(const RopeAttentionArgs a) {
   allow_dependent_launch();
   extern __shared__ float4 shared_vectors[];
   char* shared_bytes = reinterpret_cast<char*>(shared_vectors);
-  const RopeSharedLayout layout = rope_shared_layout(a.group, a.head_dim, a.stages);
+  const RopeSharedLayout layout = rope_shared_layout(a.group, a.head_dim, a.stages, a.slots);
   float* q_group = reinterpret_cast<float*>(shared_bytes + layout.q);          // [group, head_dim], rotated
-  float* acc_state = reinterpret_cast<float*>(shared_bytes + layout.acc);      // [group, head_dim]
-  float* max_state = reinterpret_cast<float*>(shared_bytes + layout.max_sum);  // [group]
-  float* sum_state = max_state + a.group;                                      // [group]
   __half* token_key = reinterpret_cast<__half*>(shared_bytes + layout.token);  // [head_dim]
   __half* token_value = token_key + a.head_dim;                                // [head_dim]
   const int kv_head = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+  // This thread's slot: its quad of warps works on chunks slot, slot + slots, ... of the block's positions.
+  const int slot = warp / kWarps, slot_warp = warp % kWarps, slot_thread = threadIdx.x % kThreads;
+  float* acc_state = reinterpret_cast<float*>(shared_bytes + layout.acc) + slot * a.group * a.head_dim;  // [group, head_dim]
+  float* max_state = reinterpret_cast<float*>(shared_bytes + layout.max_sum) + slot * 2 * a.group;      // [group]
+  float* sum_state = max_state + a.group;                                                                // [group]
   const int half = a.head_dim / 2;
   const int first_head = kv_head * a.group;
   // The position is written by the host before the step, not by the previous kernel: read before the wait.
@@ -285,7 +300,9 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
   const int64_t own_row = kPrefill ? -1 : position;
   const int64_t n = position + 1;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  const int64_t chunks_per_block = (chunks + a.n_blocks - 1) / a.n_blocks;
+  // At least a chunk per slot before the positions spread over more blocks: slots merge in shared memory, blocks
+  // through L2 and an arrival counter.
+  const int64_t chunks_per_block = max(int64_t{a.slots}, (chunks + a.n_blocks - 1) / a.n_blocks);
   const int active = static_cast<int>((chunks + chunks_per_block - 1) / chunks_per_block);  // blocks with positions
   // Past the sequence: nothing to do and nothing written. Block y = 0 always has positions and waits, so the
   // grid still completes after the kernel it overlaps (programmatic_launch.cuh).
@@ -293,23 +310,30 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
   const int64_t begin = int64_t{blockIdx.y} * chunks_per_block * kChunk;
   const int64_t end = min(n, begin + chunks_per_block * kChunk);
   const int n_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
+  const int rounds = (n_chunks + a.slots - 1) / a.slots;  // chunk round * slots + slot in round `round`
   const bool holds_position = end == n;  // the last active block stores this token's key and value
   const int64_t kv_stride = int64_t{a.n_kv_heads} * a.head_dim;
   const int64_t head_offset = int64_t{kv_head} * a.head_dim;
 
-  // Chunk c of the block's positions into stage buffer `buffer`, one cp.async group. The row of *position is
-  // skipped: this block writes it (token_key, token_value). The other rows were written by the attention
-  // kernels of earlier decode steps (or by the prompt processor), each in a step that completed before this
-  // one was launched, so they may be read before the wait for the previous kernel.
+  // This slot's chunk of round r of the block's positions into its stage buffer `buffer`, copied by the slot's
+  // threads, one cp.async group (empty past the last chunk, so that every thread counts one group a round).
+  // The row of *position is skipped: this block writes it (token_key, token_value). The other rows were written
+  // by the attention kernels of earlier decode steps (or by the prompt processor), each in a step that
+  // completed before this one was launched, so they may be read before the wait for the previous kernel.
   const int pieces = kVector8 ? a.head_dim / 8 : a.head_dim / 2;  // copies per row
-  auto stage_chunk = [&](int c, int buffer) {
-    char* stage = shared_bytes + layout.stage + buffer * layout.stage_bytes;
+  auto stage_chunk = [&](int r, int buffer) {
+    const int c = r * a.slots + slot;
+    if (c >= n_chunks) {
+      cp_async_commit();
+      return;
+    }
+    char* stage = shared_bytes + layout.stage + (buffer * a.slots + slot) * layout.stage_bytes;
     __half* key_rows = reinterpret_cast<__half*>(stage);
     __half* value_rows = reinterpret_cast<__half*>(stage + round16(kChunk * layout.key_stride * 2));
     const int64_t c0 = begin + int64_t{c} * kChunk;
     const int rows = static_cast<int>(min(int64_t{kChunk}, end - c0));
     const int per_tensor = rows * pieces;
-    for (int i = threadIdx.x; i < 2 * per_tensor; i += kThreads) {
+    for (int i = slot_thread; i < 2 * per_tensor; i += kThreads) {
       const bool is_value = i >= per_tensor;
       const int j = is_value ? i - per_tensor : i;
       const int r = j / pieces, piece = j % pieces;
@@ -326,10 +350,7 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
   };
   // A prompt chunk's own KV rows come from the kernel before (rope_store_kv_rows): wait for it first.
   if constexpr (kPrefill) wait_for_previous_kernel();
-  for (int s = 0; s < a.stages; ++s) {
-    if (s < n_chunks) stage_chunk(s, s);
-    else cp_async_commit();  // an empty group keeps the count per chunk uniform
-  }
+  for (int r = 0; r < a.stages; ++r) stage_chunk(r, r);  // rounds past the last: empty groups
   // cos/sin of the RoPE pairs this lane rotates.
   float cos_pair[kPairs], sin_pair[kPairs];
 #pragma unroll
@@ -343,7 +364,7 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
   // q, k, v are the previous kernel's output: read through L2 after the wait.
   wait_for_previous_kernel();
   const int64_t q_row = kPrefill ? int64_t{blockIdx.z} * a.n_heads : 0;  // this token's query and output rows
-  for (int g = warp; g < a.group; g += kWarps) {
+  for (int g = warp; g < a.group; g += warps) {
     const float* q_head = a.q + (q_row + first_head + g) * a.head_dim;
     float* rotated = q_group + g * a.head_dim;
 #pragma unroll
@@ -382,23 +403,24 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
   }
 
   const int64_t out_row = int64_t{blockIdx.y} * a.n_heads + first_head;  // this block's partials of head 0
-  for (int c = 0; c < n_chunks; ++c) {
-    if (a.stages == 2) cp_async_wait<1>();  // chunk c's group done (chunk c + 1's may be in flight)
+  for (int r = 0; r < rounds; ++r) {
+    if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
     else cp_async_wait<0>();
     __syncthreads();  // every thread's copies, the rotated queries and this token's row visible to the block
-    const char* stage = shared_bytes + layout.stage + (c % a.stages) * layout.stage_bytes;
+    const int c = r * a.slots + slot;
+    const char* stage = shared_bytes + layout.stage + ((r % a.stages) * a.slots + slot) * layout.stage_bytes;
     const __half* key_rows = reinterpret_cast<const __half*>(stage);
     const __half* value_rows = reinterpret_cast<const __half*>(stage + round16(kChunk * layout.key_stride * 2));
     const int64_t c0 = begin + int64_t{c} * kChunk;
-    const int count = static_cast<int>(min(int64_t{kChunk}, end - c0));
-    for (int g = warp; g < a.group; g += kWarps) {
-      // This head's running state: fresh on the first chunk, from shared memory on later ones.
+    const int count = c < n_chunks ? static_cast<int>(min(int64_t{kChunk}, end - c0)) : 0;
+    for (int g = slot_warp; count > 0 && g < a.group; g += kWarps) {
+      // This head's running state in this slot: fresh on the slot's first chunk, from shared memory on later ones.
       float m = -INFINITY, l = 0.0f;
       float2 acc[kPairs];
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(0.0f, 0.0f);
       const float2* state = reinterpret_cast<const float2*>(acc_state + g * a.head_dim);
-      if (c > 0) {
+      if (r > 0) {
         m = max_state[g];
         l = sum_state[g];
 #pragma unroll
@@ -432,42 +454,75 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
           }
         }
       }
-      if (c + 1 < n_chunks) {  // keep the state for the next chunk
-        float2* keep = reinterpret_cast<float2*>(acc_state + g * a.head_dim);
+      // The state for the slot's next chunk, or for the merge of the slots below.
+      float2* keep = reinterpret_cast<float2*>(acc_state + g * a.head_dim);
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          if (lane + 32 * j < half) keep[lane + 32 * j] = acc[j];
-        }
-        if (lane == 0) {
-          max_state[g] = m;
-          sum_state[g] = l;
-        }
-      } else if (active == 1) {  // the only block: normalize and write the output, no partials
-        const float inv = 1.0f / l;
-        float2* o = reinterpret_cast<float2*>(a.out + (q_row + first_head + g) * a.head_dim);
+      for (int j = 0; j < kPairs; ++j) {
+        if (lane + 32 * j < half) keep[lane + 32 * j] = acc[j];
+      }
+      if (lane == 0) {
+        max_state[g] = m;
+        sum_state[g] = l;
+      }
+    }
+    if (r + a.stages < rounds) {
+      __syncthreads();  // every warp is done with this buffer
+      stage_chunk(r + a.stages, r % a.stages);
+    } else {
+      cp_async_commit();
+    }
+  }
+  __syncthreads();  // every slot's state in shared memory
+
+  // The slots' states merged per head (in slot order; one slot: its state as it is): M = max_s m_s,
+  // l = sum_s l_s e^(m_s - M), acc = sum_s acc_s e^(m_s - M); then normalized into the output when this is the
+  // only block, else written as this block's partials.
+  const int used_slots = min(a.slots, n_chunks);
+  const float* all_acc = reinterpret_cast<const float*>(shared_bytes + layout.acc);
+  const float* all_max_sum = reinterpret_cast<const float*>(shared_bytes + layout.max_sum);
+  for (int g = warp; g < a.group; g += warps) {
+    float m = all_max_sum[g], l = all_max_sum[a.group + g];
+    float2 acc[kPairs];
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          const int vp = lane + 32 * j;
-          if (vp < half) o[vp] = make_float2(acc[j].x * inv, acc[j].y * inv);
-        }
-      } else {
-        float2* o = reinterpret_cast<float2*>(a.partial_out + (out_row + g) * a.head_dim);
+    for (int j = 0; j < kPairs; ++j) {
+      acc[j] = lane + 32 * j < half ? reinterpret_cast<const float2*>(all_acc + g * a.head_dim)[lane + 32 * j]
+                                    : make_float2(0.0f, 0.0f);
+    }
+    for (int t = 1; t < used_slots; ++t) {
+      const float* ms = all_max_sum + t * 2 * a.group;
+      const float mt = ms[g], lt = ms[a.group + g];
+      const float m_new = fmaxf(m, mt);
+      const float w_old = expf(m - m_new), w_new = expf(mt - m_new);
+      l = l * w_old + lt * w_new;
+      m = m_new;
+      const float2* at = reinterpret_cast<const float2*>(all_acc + (int64_t{t} * a.group + g) * a.head_dim);
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          const int vp = lane + 32 * j;
-          if (vp < half) __stcg(o + vp, acc[j]);
-        }
-        if (lane == 0) {
-          __stcg(a.partial_max + out_row + g, m);
-          __stcg(a.partial_sum + out_row + g, l);
+      for (int j = 0; j < kPairs; ++j) {
+        if (lane + 32 * j < half) {
+          const float2 v = at[lane + 32 * j];
+          acc[j] = make_float2(fmaf(v.x, w_new, acc[j].x * w_old), fmaf(v.y, w_new, acc[j].y * w_old));
         }
       }
     }
-    if (c + a.stages < n_chunks) {
-      __syncthreads();  // every warp is done with this buffer
-      stage_chunk(c + a.stages, c % a.stages);
+    if (active == 1) {  // the only block: normalize and write the output, no partials
+      const float inv = 1.0f / l;
+      float2* o = reinterpret_cast<float2*>(a.out + (q_row + first_head + g) * a.head_dim);
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int vp = lane + 32 * j;
+        if (vp < half) o[vp] = make_float2(acc[j].x * inv, acc[j].y * inv);
+      }
     } else {
-      cp_async_commit();
+      float2* o = reinterpret_cast<float2*>(a.partial_out + (out_row + g) * a.head_dim);
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int vp = lane + 32 * j;
+        if (vp < half) __stcg(o + vp, acc[j]);
+      }
+      if (lane == 0) {
+        __stcg(a.partial_max + out_row + g, m);
+        __stcg(a.partial_sum + out_row + g, l);
+      }
     }
   }
   if (kPrefill || active == 1) return;
@@ -486,7 +541,7 @@ __global__ void __launch_bounds__(kThreads) attention_rope_kernel(const RopeAtte
   __threadfence();
   // attention_combine_kernel's formula: M = max_b m_b, o = sum_b o_b e^(m_b - M) / sum_b l_b e^(m_b - M); a warp
   // per head, lane b holds block b's max and sum (active <= kMaxRopeBlocks = 32).
-  for (int g = warp; g < a.group; g += kWarps) {
+  for (int g = warp; g < a.group; g += warps) {
     const int head = first_head + g;
     const float mb = lane < active ? __ldcg(a.partial_max + int64_t{lane} * a.n_heads + head) : -INFINITY;
     const float lb = lane < active ? __ldcg(a.partial_sum + int64_t{lane} * a.n_heads + head) : 0.0f;
@@ -601,29 +656,72 @@ Status decode_attention(const float* q, const uint16_t* key_cache, const uint16_
 
 namespace {
 
-// The stage buffers the fused kernel gets: two where they fit in the default 48 KB of shared memory
-// (Llama-3.1-8B: 36 KB), else one; 0 when not even one fits.
-int rope_stages(int64_t group, int64_t head_dim) {
-  for (int stages : {2, 1}) {
-    if (rope_shared_layout(group, head_dim, stages).total <= kMaxSharedBytes) return stages;
+// The current device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin) less a margin
+// for the kernel's static shared memory (the opt-in bounds both together), cached per device: the dynamic limit
+// the fused kernel's launches raise theirs to, and what its slots and stages must fit in.
+int64_t opt_in_shared_bytes() {
+  static std::atomic<int64_t> cached[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return kMaxSharedBytes;
+  std::atomic<int64_t>& slot = cached[device % 64];
+  int64_t bytes = slot.load(std::memory_order_relaxed);
+  if (bytes == 0) {
+    int value = 0;
+    bytes = cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? value - 1024 : 0;
+    bytes = std::max<int64_t>(bytes, kMaxSharedBytes);
+    slot.store(bytes, std::memory_order_relaxed);
   }
-  return 0;
+  return bytes;
+}
+
+// Chunk slots and stage buffers of the fused kernel: 4 slots (16 warps: a block takes 4 chunks of 32 positions
+// at once and merges them in shared memory; at tg128's lengths one block per KV head, no combine through L2),
+// with a second stage buffer per slot only where a block can have more than one round of chunks (a context
+// past 4 x 32 x kMaxRopeBlocks positions); fewer slots where the context has fewer chunks (a short prompt's
+// attention: one) or shared memory is short. {0, 0}: nothing fits.
+// Measured (8B tg128 on an H200, 2026-12-04): 4 slots against the one-slot kernel, 501.5 / 505.4 -> 514.6 /
+// 514.7 tok/s per channel, 459.7 / 463.6 -> 469.0 / 472.0 at group 128 (docs/PERFORMANCE.md, session 13).
+struct RopeConfig {
+  int slots = 0, stages = 0;
+};
+RopeConfig rope_config(int64_t group, int64_t head_dim, int64_t context_length) {
+  const int64_t limit = opt_in_shared_bytes();
+  const bool long_context = context_length > int64_t{kMaxRopeSlots} * kChunk * kMaxRopeBlocks;
+  const int64_t chunks = (context_length + kChunk - 1) / kChunk;
+  const int wanted = chunks >= 3 ? kMaxRopeSlots : chunks == 2 ? 2 : 1;  // 3 chunks take 4 slots
+  for (int slots : {kMaxRopeSlots, 2, 1}) {
+    if (slots > wanted) continue;
+    for (int stages : {2, 1}) {
+      if (stages == 2 && !long_context && slots > 1) continue;
+      if (rope_shared_layout(group, head_dim, stages, slots).total <= limit) return {slots, stages};
+    }
+  }
+  return {};
 }
 
 // Launches attention_rope_kernel<kPairs, kVector8, kPrefill> for the shape in `args`.
 template <bool kPrefill>
 cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream stream, bool overlap_previous) {
-  const size_t shared = static_cast<size_t>(rope_shared_layout(args.group, args.head_dim, args.stages).total);
+  const int64_t shared = rope_shared_layout(args.group, args.head_dim, args.stages, args.slots).total;
   const int half = args.head_dim / 2;
   const bool vector8 = args.head_dim % 8 == 0;
-  auto launch = [&](auto kernel) { return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap_previous, args); };
+  auto launch = [&](auto kernel) -> cudaError_t {
+    if (shared > kMaxSharedBytes) {
+      if (const cudaError_t e = raise_shared_limit_once<decltype(kernel)::value>(static_cast<int>(opt_in_shared_bytes())); e != cudaSuccess) return e;
+    }
+    return launch_kernel(kernel.value, grid, dim3(kThreads * args.slots), static_cast<size_t>(shared), stream, overlap_previous, args);
+  };
+  using K = decltype(&attention_rope_kernel<1, true, kPrefill>);
   if (half <= 32) {
-    return vector8 ? launch(attention_rope_kernel<1, true, kPrefill>) : launch(attention_rope_kernel<1, false, kPrefill>);
+    return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<1, true, kPrefill>>{})
+                   : launch(std::integral_constant<K, attention_rope_kernel<1, false, kPrefill>>{});
   }
   if (half <= 64) {
-    return vector8 ? launch(attention_rope_kernel<2, true, kPrefill>) : launch(attention_rope_kernel<2, false, kPrefill>);
+    return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<2, true, kPrefill>>{})
+                   : launch(std::integral_constant<K, attention_rope_kernel<2, false, kPrefill>>{});
   }
-  return vector8 ? launch(attention_rope_kernel<4, true, kPrefill>) : launch(attention_rope_kernel<4, false, kPrefill>);
+  return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<4, true, kPrefill>>{})
+                 : launch(std::integral_constant<K, attention_rope_kernel<4, false, kPrefill>>{});
 }
 
 }  // namespace
@@ -641,8 +739,8 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                             std::to_string(kMaxHeadDim));
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  const int stages = rope_stages(group, shape.head_dim);
-  if (stages == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
+  const RopeConfig config = rope_config(group, shape.head_dim, shape.context_length);
+  if (config.slots == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (!q || !k || !v || !inv_freq || !position || !key_cache || !value_cache || !workspace || !counters || !out) {
     return invalid_argument(what + ": null device pointer");
   }
@@ -669,7 +767,8 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                                static_cast<int>(shape.head_dim),
                                static_cast<int>(group),
                                blocks,
-                               stages,
+                               config.stages,
+                               config.slots,
                                1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
   const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), static_cast<unsigned>(blocks));
   return cuda_status(launch_rope_kernel<false>(args, grid, stream, overlap_previous), "decode_attention_rope launch");
@@ -692,8 +791,8 @@ Status prefill_attention_short(const float* q, const uint16_t* key_cache, const 
                             std::to_string(kMaxHeadDim) + " and 1 to 65535 tokens");
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  const int stages = rope_stages(group, shape.head_dim);
-  if (stages == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
+  const RopeConfig config = rope_config(group, shape.head_dim, start + n_tokens);
+  if (config.slots == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (!q || !key_cache || !value_cache || !out) return invalid_argument(what + ": null device pointer");
   // Cast away const only to share the argument block: the prefill kernel writes nothing but `out`.
   const RopeAttentionArgs args{q,
@@ -714,7 +813,8 @@ Status prefill_attention_short(const float* q, const uint16_t* key_cache, const 
                                static_cast<int>(shape.head_dim),
                                static_cast<int>(group),
                                1,
-                               stages,
+                               config.stages,
+                               config.slots,
                                1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
   const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), 1, static_cast<unsigned>(n_tokens));
   return cuda_status(launch_rope_kernel<true>(args, grid, stream, overlap_previous), "prefill_attention_short launch");
