@@ -215,6 +215,7 @@ TEST_P(CudaModelGptq, QuantizedTinyLlamaAgreesWithCpuTokenGenerator) {
   CudaModelOptions steps;
   steps.context_length = n;
   steps.prefill_chunk = 0;
+  steps.time_steps = true;
   auto m = CudaModel::create(**model, steps);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   for (int64_t i = 0; i < n; ++i) {
@@ -224,6 +225,8 @@ TEST_P(CudaModelGptq, QuantizedTinyLlamaAgreesWithCpuTokenGenerator) {
     EXPECT_TRUE(std::equal(view->begin(), view->end(), gpu.begin() + i * vocab)) << "token " << i;
   }
   EXPECT_EQ((*m)->position(), n);
+  EXPECT_GT((*m)->last_step_device_ms(), 0.0);
+  EXPECT_LT((*m)->last_step_device_ms(), 1000.0);
   (*m)->truncate(n - 1);
   TopLogits top;
   ASSERT_TRUE((*m)->decode_top(tokens.back(), 3, &top).ok());

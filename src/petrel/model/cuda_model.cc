@@ -199,6 +199,8 @@ struct CudaModel::State {
   cuda::CudaStream side_streams[2];
   cuda::GemvWorkspace side_workspaces[2];
   cuda::CudaEvent fork_event, join_events[2];
+  cuda::CudaEvent step_start, step_end;  // options.time_steps
+  double step_device_ms = 0;
   // The decode step as graphs, each captured at its first use: without the LM head (StepOutput::kNormed),
   // with the LM head and the logits to the host (kLogits), with the LM head and its top-k for each k (kTop).
   cuda::CudaGraph step_graph, logits_graph;
@@ -881,6 +883,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     PETREL_ASSIGN_OR_RETURN(s.join_events[i], cuda::CudaEvent::create());
   }
   PETREL_ASSIGN_OR_RETURN(s.fork_event, cuda::CudaEvent::create());
+  if (options.time_steps) {
+    PETREL_ASSIGN_OR_RETURN(s.step_start, cuda::CudaEvent::create_timed());
+    PETREL_ASSIGN_OR_RETURN(s.step_end, cuda::CudaEvent::create_timed());
+  }
 
   // Weights, in their stored layouts and dtypes.
   PETREL_ASSIGN_OR_RETURN(cuda::HostUploader up,
@@ -1048,7 +1054,22 @@ Status CudaModel::start_decode(int32_t token, StepOutput output, int top_k) {
   int32_t* input = s.host_input.as<int32_t>();
   input[0] = token;
   input[1] = static_cast<int32_t>(s.position);
-  return s.run_step(output, top_k);
+  if (!s.options.time_steps) return s.run_step(output, top_k);
+  PETREL_RETURN_IF_ERROR(s.step_start.record(s.stream.get()));
+  PETREL_RETURN_IF_ERROR(s.run_step(output, top_k));
+  return s.step_end.record(s.stream.get());
+}
+
+double CudaModel::last_step_device_ms() const { return state_->step_device_ms; }
+
+// After a decode step's synchronization: its GPU time (options.time_steps), and the position moved on.
+Status CudaModel::finish_decode() {
+  State& s = *state_;
+  if (s.options.time_steps) {
+    PETREL_ASSIGN_OR_RETURN(s.step_device_ms, cuda::CudaEvent::elapsed_ms(s.step_start, s.step_end));
+  }
+  ++s.position;
+  return ok_status();
 }
 
 Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
@@ -1060,15 +1081,14 @@ Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
     logits->resize(c.vocab_size);
     std::memcpy(logits->data(), s.host_logits.data(), static_cast<size_t>(c.vocab_size) * 4);
   }
-  ++s.position;
-  return ok_status();
+  return finish_decode();
 }
 
 Result<std::span<const float>> CudaModel::decode_logits(int32_t token) {
   State& s = *state_;
   PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kLogits));
   PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "the CUDA decode step"));
-  ++s.position;
+  PETREL_RETURN_IF_ERROR(finish_decode());
   return std::span<const float>(s.host_logits.as<const float>(), static_cast<size_t>(s.config.vocab_size));
 }
 
@@ -1090,8 +1110,7 @@ Status CudaModel::decode_top(int32_t token, int k, TopLogits* top) {
   PETREL_RETURN_IF_ERROR(check_top_request(k, top));
   PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kTop, k));
   PETREL_RETURN_IF_ERROR(state_->read_top(k, top));
-  ++state_->position;
-  return ok_status();
+  return finish_decode();
 }
 
 Status CudaModel::forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits) {

@@ -87,6 +87,8 @@ struct CudaModelOptions {
   // head and the logits' way to the host are one graph launch (the fused step also folds its final RMSNorm
   // into the LM head's staging). false: device buffer + copy (kept for comparison; docs/PERFORMANCE.md).
   bool logits_to_mapped_host = true;
+  // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
+  bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
   // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
   int64_t prefill_chunk = 512;
@@ -168,6 +170,10 @@ class CudaModel {
   bool prefill_f16_weights() const;  // whether the fp16 copies for the prompt processor were made
   bool resident_step() const;        // whether the decode step runs resident (CudaModelOptions::resident_step)
   const CudaInitTimes& init_times() const;
+  // With options.time_steps, the GPU time of the last decode step (the input's copy, the step, the LM head and
+  // the logits' or top-k's way to the host) in milliseconds; 0 otherwise. The rest of a step's wall time is
+  // the host's: launch, synchronization, the copy into a vector.
+  double last_step_device_ms() const;
   void reset();                    // forget the sequence (memory is kept)
   void truncate(int64_t n);        // drop positions >= n
 
@@ -199,6 +205,7 @@ class CudaModel {
   Status warm_up();
   enum class StepOutput;
   Status start_decode(int32_t token, StepOutput output, int top_k = 0);
+  Status finish_decode();
   Status check_top_request(int k, const TopLogits* top) const;
   Status run_forward(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>* logits, int top_k,
                      TopLogits* top);

@@ -83,6 +83,8 @@ CudaStream::CudaStream(CudaStream&&) noexcept {}
 CudaStream& CudaStream::operator=(CudaStream&&) noexcept { return *this; }
 Status CudaStream::synchronize() const { return not_built(); }
 Result<CudaEvent> CudaEvent::create() { return not_built(); }
+Result<CudaEvent> CudaEvent::create_timed() { return not_built(); }
+Result<double> CudaEvent::elapsed_ms(const CudaEvent&, const CudaEvent&) { return not_built(); }
 CudaEvent::~CudaEvent() = default;
 CudaEvent::CudaEvent(CudaEvent&&) noexcept {}
 CudaEvent& CudaEvent::operator=(CudaEvent&&) noexcept { return *this; }

@@ -39,6 +39,18 @@ Result<CudaEvent> CudaEvent::create() {
   return event;
 }
 
+Result<CudaEvent> CudaEvent::create_timed() {
+  CudaEvent event;
+  PETREL_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event.event_), "cudaEventCreate");
+  return event;
+}
+
+Result<double> CudaEvent::elapsed_ms(const CudaEvent& start, const CudaEvent& end) {
+  float ms = 0.0f;
+  PETREL_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.event_, end.event_), "cudaEventElapsedTime");
+  return static_cast<double>(ms);
+}
+
 CudaEvent::~CudaEvent() {
   if (event_) cudaEventDestroy(event_);
 }

@@ -43,6 +43,10 @@ class CudaEvent {
  public:
   CudaEvent() = default;
   static Result<CudaEvent> create();
+  // An event that also records a GPU timestamp (elapsed_ms).
+  static Result<CudaEvent> create_timed();
+  // Milliseconds of GPU time between two recorded timed events, once `end` has completed.
+  static Result<double> elapsed_ms(const CudaEvent& start, const CudaEvent& end);
   ~CudaEvent();
   CudaEvent(CudaEvent&& other) noexcept;
   CudaEvent& operator=(CudaEvent&& other) noexcept;
