@@ -540,6 +540,19 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   }
 
+  // The slice's RMSNorm weights into L1 (they do not depend on the previous kernel either): staging reads them
+  // right after the wait, which would otherwise pay an L2 round trip there, on every block's critical path.
+  if constexpr (kInput == GemvInput::kRmsNorm) {
+    constexpr int kLine = 128;
+    const int elem = weight_type_bytes(a.norm_type);
+    const int64_t slice_words = min(int64_t{slice.steps} * kWordsPerStep, a.words - slice.first_word);
+    const char* first = static_cast<const char*>(a.norm_weight) + slice.first_word * (32 / kBits) * elem;
+    const int64_t bytes = slice_words * (32 / kBits) * elem;
+    for (int64_t off = int64_t{threadIdx.x} * kLine; off < bytes; off += int64_t{kThreads} * kLine) {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(first + off));
+    }
+  }
+
   // Everything above reads only weights; x is the previous kernel's output.
   wait_for_previous_kernel();
   float4* x_cache = nullptr;
