@@ -43,6 +43,8 @@
 //                     RMSNorm in its staging (CudaModelOptions::prefill_qkv_gemm)
 //   fused-copy-logits the defaults, but the logits written to device memory and copied to the host
 //                     (CudaModelOptions::logits_to_mapped_host off)
+//   fused-splits-Q-O-G-D  the defaults with q/k/v, o, gate/up and down cut into Q, O, G and D input slices
+//                     (0: the planner's; CudaModelOptions::decode_splits), e.g. fused-splits-0-4-0-0
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
@@ -199,11 +201,20 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
   std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
   // "-splitN": N KV positions per attention block (CudaModelOptions::attention_split).
-  if (const size_t at = base.find("-split"); at != std::string::npos) {
+  if (const size_t at = base.find("-split"); at != std::string::npos && base.compare(at, 7, "-splits") != 0) {
     const std::string digits = base.substr(at + 6);
     if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return false;
     o.attention_split = std::stoll(digits);
     base = base.substr(0, at);
+  }
+  // "fused-splits-Q-O-G-D": the fused step with q/k/v, o, gate/up and down cut into Q, O, G, D input slices
+  // (0: the planner's choice; CudaModelOptions::decode_splits).
+  if (base.rfind("fused-splits-", 0) == 0) {
+    int q = 0, o_ = 0, g = 0, d = 0;
+    char tail = 0;
+    if (std::sscanf(base.c_str() + 13, "%d-%d-%d-%d%c", &q, &o_, &g, &d, &tail) != 4 || q < 0 || o_ < 0 || g < 0 || d < 0) return false;
+    o.decode_splits = {q, o_, g, d};
+    return true;
   }
   o.resident_step = base == "resident" || base == "resident-tiled";
   o.resident_tiled_copy = base == "resident-tiled";

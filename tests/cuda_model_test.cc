@@ -257,6 +257,10 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   fused.resident_step = false;   // the five-launch step; the resident one below
   fused.overlap_kernels = true;  // programmatic dependent launch and L2 prefetch (the defaults)
   fused.gemv_l2_prefetch_steps = 16;
+  // The planner's splits for every product, as the resident step takes them (its bits are compared below); the
+  // default splits are the same sums in another order, checked against the unfused step at the end.
+  const CudaModelOptions::DecodeSplits default_splits = fused.decode_splits;
+  fused.decode_splits = {0, 0, 0, 0};
   const std::vector<float> overlapped = cuda_logits(**model, tokens, fused);
   ASSERT_EQ(overlapped.size(), reference.size());
   const Agreement a = compare(overlapped, reference.data(), n, vocab);
@@ -301,6 +305,12 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   }
   resident.resident_min_unit_steps = 0;
   EXPECT_EQ(cuda_logits(**model, tokens, resident), overlapped);
+  CudaModelOptions split = fused;
+  split.decode_splits = default_splits;
+  const Agreement d = compare(cuda_logits(**model, tokens, split), reference.data(), n, vocab);
+  print("tiny-llama31 W4 " + std::string(group < 0 ? "per-channel" : "g" + std::to_string(group)) + " default splits vs unfused", d);
+  EXPECT_LE(d.relative_l2, 4e-4);
+  EXPECT_EQ(d.argmax_mismatches, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <string>
 #include <thread>
 
@@ -201,10 +200,11 @@ struct CudaModel::State {
   cuda::CudaEvent fork_event, join_events[2];
   cuda::CudaEvent step_start, step_end;  // options.time_steps
   double step_device_ms = 0;
-  // The decode step as graphs, each captured at its first use: without the LM head (StepOutput::kNormed),
-  // with the LM head and the logits to the host (kLogits), with the LM head and its top-k for each k (kTop).
-  cuda::CudaGraph step_graph, logits_graph;
-  std::map<int, cuda::CudaGraph> top_graphs;
+  // The decode step as graphs, each captured at its first use (create()'s warm-up makes all three): without the
+  // LM head (StepOutput::kNormed), with the LM head and the logits to the host (kLogits), with the LM head and
+  // its top_graph_k() largest logits (kTop; decode_top's k is a prefix of them, so one graph serves every k and
+  // no sampler setting captures a graph in the middle of a generation).
+  cuda::CudaGraph step_graph, logits_graph, top_graph;
 
   cuda::DeviceBuffer embed_storage;
   cuda::DeviceDenseMatrix embed;
@@ -299,6 +299,11 @@ struct CudaModel::State {
   //   down_proj GEMV, SiLU(gate) * up in its staging, x += in its epilogue.
   // x is the residual stream, up to date after every layer (the unfused step keeps the last add pending in
   // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
+  static cuda::GemvOptions with_splits(cuda::GemvOptions o, int k_splits) {
+    o.k_splits = k_splits;
+    return o;
+  }
+
   Status enqueue_fused_step(bool with_final_norm) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -323,7 +328,7 @@ struct CudaModel::State {
       const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), q.as<float>()},
                                            {&w.k_proj.quantized.view(), k.as<float>()},
                                            {&w.v_proj.quantized.view(), v.as<float>()}};
-      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s, gemv, input_norm));
+      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.qkv), input_norm));
       PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
                                                          pos, layer_keys, layer_values, attention,
                                                          attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
@@ -331,18 +336,19 @@ struct CudaModel::State {
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
       PETREL_RETURN_IF_ERROR(
-          cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s, gemv, add_to_residual));
+          cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.o), add_to_residual));
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
-      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, gemv, post_attention_norm));
+      PETREL_RETURN_IF_ERROR(
+          cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.gate_up), post_attention_norm));
       cuda::GemvFusion silu_and_add;
       silu_and_add.input = cuda::GemvInput::kSiluMul;
       silu_and_add.up = up.as<float>();
       silu_and_add.residual = residual;
       PETREL_RETURN_IF_ERROR(
-          cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s, gemv, silu_and_add));
+          cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.down), silu_and_add));
     }
     if (!with_final_norm) return ok_status();
     return cuda::rms_norm(residual, nullptr, 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);
@@ -727,6 +733,9 @@ struct CudaModel::State {
     return cuda::copy_to_host(top_host.data(), result, sizeof(cuda::TopKResult), s);
   }
 
+  // The k of the decode step's top-k graph: the most a caller may ask.
+  int top_graph_k() const { return static_cast<int>(std::min<int64_t>(cuda::kMaxDeviceTopK, config.vocab_size)); }
+
   // Waits for enqueue_top's answer and returns it (every logit when the kernel could not choose).
   Status read_top(int top_k, TopLogits* top) {
     const cuda::Stream s = stream.get();
@@ -782,7 +791,7 @@ struct CudaModel::State {
     if (!options.use_graph) return enqueue_decode(output, top_k);
     cuda::CudaGraph& graph = output == StepOutput::kNormed   ? step_graph
                              : output == StepOutput::kLogits ? logits_graph
-                                                             : top_graphs[top_k];
+                                                             : top_graph;
     if (graph.empty()) {
       PETREL_RETURN_IF_ERROR(cuda::CudaGraph::begin_capture(stream.get()));
       Status enqueued = enqueue_decode(output, top_k);
@@ -1108,8 +1117,14 @@ Status CudaModel::check_top_request(int k, const TopLogits* top) const {
 
 Status CudaModel::decode_top(int32_t token, int k, TopLogits* top) {
   PETREL_RETURN_IF_ERROR(check_top_request(k, top));
-  PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kTop, k));
-  PETREL_RETURN_IF_ERROR(state_->read_top(k, top));
+  // The graph's k largest, in order (value descending, id ascending), begin with the k wanted.
+  const int graph_k = state_->top_graph_k();
+  PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kTop, graph_k));
+  PETREL_RETURN_IF_ERROR(state_->read_top(graph_k, top));
+  if (top->all.empty()) {
+    top->values.resize(static_cast<size_t>(k));
+    top->ids.resize(static_cast<size_t>(k));
+  }
   return finish_decode();
 }
 

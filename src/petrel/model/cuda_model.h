@@ -16,8 +16,10 @@
 // grouped GEMV with the RMSNorm in its input staging, one RoPE + KV store + attention + combine kernel, the
 // o_proj GEMV adding into the residual stream, a gate/up grouped GEMV with the RMSNorm, and the down GEMV with
 // SiLU*up in and the residual add out: five launches (optionally each overlapping the one before it).
-// Every kernel reads the token and the position from device memory, so the step (without the LM head) is
-// captured once in a CUDA graph and replayed; the LM head runs only when logits are wanted.
+// Every kernel reads the token and the position from device memory, so the step is captured once in a CUDA
+// graph and replayed: one graph per output (no LM head; the LM head with the logits written into pinned host
+// memory; the LM head with its top-k chosen on the GPU), each a single launch a token with the token's input
+// copied in by its first node.
 //
 // Numerics against the CPU (LlamaModel with an fp16 KV cache): same formulas; GPTQ GEMVs round activations
 // to fp16 inside the matrix unit; float32 sums in other orders. Tests: tests/cuda_model_test.cc.
@@ -87,6 +89,14 @@ struct CudaModelOptions {
   // head and the logits' way to the host are one graph launch (the fused step also folds its final RMSNorm
   // into the LM head's staging). false: device buffer + copy (kept for comparison; docs/PERFORMANCE.md).
   bool logits_to_mapped_host = true;
+  // The fused step's input splits per GEMV (cuda::GemvOptions::k_splits; 0: the planner's choice, which was
+  // tuned on each matrix alone, not inside the step). o: 8, where the planner takes 16 for Llama-3.1-8B's
+  // 4096 x 4096: in the step o's blocks load their weights while attention runs, and fewer, longer slices
+  // then win (H200, 2026-12-04: 519.5 against 513.9 / 515.4 tok/s per channel; 4 and 32 lost, as did every
+  // other product's change: docs/PERFORMANCE.md, session 13). The decode bench's "fused-splits-" variants.
+  struct DecodeSplits {
+    int qkv = 0, o = 8, gate_up = 0, down = 0;
+  } decode_splits;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
