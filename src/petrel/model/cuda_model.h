@@ -79,7 +79,7 @@ struct CudaModelOptions {
   bool resident_tiled_copy = false;
   // With overlap_kernels, steps of weights each GEMV block prefetches into L2 before it waits for the previous
   // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). 16: a tie with 0 per channel, +1.4% at group 128;
-  // 64 was 5% slower.
+  // 64 was 5% slower. Rechecked in session 13's step (H200): 16 beats 0 by 3% and 64 by 5%.
   int gemv_l2_prefetch_steps = 16;
   // The fused step's GEMVs reduce their split-K sums in thread-block clusters (cuda::GemvOptions::cluster_reduce).
   bool gemv_cluster_reduce = false;
