@@ -403,6 +403,32 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
   }
 
   const int64_t out_row = int64_t{blockIdx.y} * a.n_heads + first_head;  // this block's partials of head 0
+  // Head g's final state: normalized into the output when this is the only block, else this block's partials.
+  auto emit = [&](int g, float m, float l, const float2 (&acc)[kPairs]) {
+    if (active == 1) {
+      const float inv = 1.0f / l;
+      float2* o = reinterpret_cast<float2*>(a.out + (q_row + first_head + g) * a.head_dim);
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int vp = lane + 32 * j;
+        if (vp < half) o[vp] = make_float2(acc[j].x * inv, acc[j].y * inv);
+      }
+    } else {
+      float2* o = reinterpret_cast<float2*>(a.partial_out + (out_row + g) * a.head_dim);
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int vp = lane + 32 * j;
+        if (vp < half) __stcg(o + vp, acc[j]);
+      }
+      if (lane == 0) {
+        __stcg(a.partial_max + out_row + g, m);
+        __stcg(a.partial_sum + out_row + g, l);
+      }
+    }
+  };
+  // One slot (a short prompt's attention, or a short context): its last chunk's state is final, written from
+  // registers with no merge.
+  const bool lone_slot = a.slots == 1;
   for (int r = 0; r < rounds; ++r) {
     if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
     else cp_async_wait<0>();
@@ -454,6 +480,10 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
           }
         }
       }
+      if (lone_slot && r + 1 == rounds) {
+        emit(g, m, l, acc);
+        continue;
+      }
       // The state for the slot's next chunk, or for the merge of the slots below.
       float2* keep = reinterpret_cast<float2*>(acc_state + g * a.head_dim);
 #pragma unroll
@@ -472,57 +502,38 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
       cp_async_commit();
     }
   }
-  __syncthreads();  // every slot's state in shared memory
-
-  // The slots' states merged per head (in slot order; one slot: its state as it is): M = max_s m_s,
-  // l = sum_s l_s e^(m_s - M), acc = sum_s acc_s e^(m_s - M); then normalized into the output when this is the
-  // only block, else written as this block's partials.
-  const int used_slots = min(a.slots, n_chunks);
-  const float* all_acc = reinterpret_cast<const float*>(shared_bytes + layout.acc);
-  const float* all_max_sum = reinterpret_cast<const float*>(shared_bytes + layout.max_sum);
-  for (int g = warp; g < a.group; g += warps) {
-    float m = all_max_sum[g], l = all_max_sum[a.group + g];
-    float2 acc[kPairs];
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      acc[j] = lane + 32 * j < half ? reinterpret_cast<const float2*>(all_acc + g * a.head_dim)[lane + 32 * j]
-                                    : make_float2(0.0f, 0.0f);
-    }
-    for (int t = 1; t < used_slots; ++t) {
-      const float* ms = all_max_sum + t * 2 * a.group;
-      const float mt = ms[g], lt = ms[a.group + g];
-      const float m_new = fmaxf(m, mt);
-      const float w_old = expf(m - m_new), w_new = expf(mt - m_new);
-      l = l * w_old + lt * w_new;
-      m = m_new;
-      const float2* at = reinterpret_cast<const float2*>(all_acc + (int64_t{t} * a.group + g) * a.head_dim);
+  if (!lone_slot) {
+    __syncthreads();  // every slot's state in shared memory
+    // The slots' states merged per head (in slot order; one slot: its state as it is): M = max_s m_s,
+    // l = sum_s l_s e^(m_s - M), acc = sum_s acc_s e^(m_s - M).
+    const int used_slots = min(a.slots, n_chunks);
+    const float* all_acc = reinterpret_cast<const float*>(shared_bytes + layout.acc);
+    const float* all_max_sum = reinterpret_cast<const float*>(shared_bytes + layout.max_sum);
+    for (int g = warp; g < a.group; g += warps) {
+      float m = all_max_sum[g], l = all_max_sum[a.group + g];
+      float2 acc[kPairs];
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) {
-        if (lane + 32 * j < half) {
-          const float2 v = at[lane + 32 * j];
-          acc[j] = make_float2(fmaf(v.x, w_new, acc[j].x * w_old), fmaf(v.y, w_new, acc[j].y * w_old));
+        acc[j] = lane + 32 * j < half ? reinterpret_cast<const float2*>(all_acc + g * a.head_dim)[lane + 32 * j]
+                                      : make_float2(0.0f, 0.0f);
+      }
+      for (int t = 1; t < used_slots; ++t) {
+        const float* ms = all_max_sum + t * 2 * a.group;
+        const float mt = ms[g], lt = ms[a.group + g];
+        const float m_new = fmaxf(m, mt);
+        const float w_old = expf(m - m_new), w_new = expf(mt - m_new);
+        l = l * w_old + lt * w_new;
+        m = m_new;
+        const float2* at = reinterpret_cast<const float2*>(all_acc + (int64_t{t} * a.group + g) * a.head_dim);
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          if (lane + 32 * j < half) {
+            const float2 v = at[lane + 32 * j];
+            acc[j] = make_float2(fmaf(v.x, w_new, acc[j].x * w_old), fmaf(v.y, w_new, acc[j].y * w_old));
+          }
         }
       }
-    }
-    if (active == 1) {  // the only block: normalize and write the output, no partials
-      const float inv = 1.0f / l;
-      float2* o = reinterpret_cast<float2*>(a.out + (q_row + first_head + g) * a.head_dim);
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        const int vp = lane + 32 * j;
-        if (vp < half) o[vp] = make_float2(acc[j].x * inv, acc[j].y * inv);
-      }
-    } else {
-      float2* o = reinterpret_cast<float2*>(a.partial_out + (out_row + g) * a.head_dim);
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        const int vp = lane + 32 * j;
-        if (vp < half) __stcg(o + vp, acc[j]);
-      }
-      if (lane == 0) {
-        __stcg(a.partial_max + out_row + g, m);
-        __stcg(a.partial_sum + out_row + g, l);
-      }
+      emit(g, m, l, acc);
     }
   }
   if (kPrefill || active == 1) return;
