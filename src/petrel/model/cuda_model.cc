@@ -270,10 +270,14 @@ struct CudaModel::State {
 
   // side -1: the main stream; 0 or 1: a side stream (between fork() and join()).
   Status linear(const DeviceLinear& w, const cuda::DeviceBuffer& in, cuda::DeviceBuffer& out, int side = -1) {
+    return linear(w, in.as<float>(), out.as<float>(), side);
+  }
+  // `out` may also be mapped host memory (the decode step's logits).
+  Status linear(const DeviceLinear& w, const float* in, float* out, int side = -1) {
     const cuda::Stream s = side < 0 ? stream.get() : side_streams[side].get();
     cuda::GemvWorkspace& ws = side < 0 ? gemv_workspace : side_workspaces[side];
-    if (w.gptq) return cuda::gemv_gptq(w.quantized.view(), in.as<float>(), out.as<float>(), ws, s);
-    return cuda::gemv_dense(w.dense, in.as<float>(), out.as<float>(), s);
+    if (w.gptq) return cuda::gemv_gptq(w.quantized.view(), in, out, ws, s);
+    return cuda::gemv_dense(w.dense, in, out, s);
   }
 
   // The side streams wait for the work issued so far on the main stream.
@@ -474,11 +478,11 @@ struct CudaModel::State {
   // stream x is complete at the end, with a GPTQ LM head), so that the step leaves `normed` alone.
   bool head_takes_final_norm() const { return (fused || resident.size() > 0) && lm_head.gptq; }
 
-  // Everything up to the final RMSNorm (into `normed`, unless !with_final_norm and head_takes_final_norm()), for the
-  // token and position in step_input.
+  // Everything up to the final RMSNorm (into `normed`; with_final_norm false, only where head_takes_final_norm(),
+  // stops before it), for the token and position in step_input.
   Status enqueue_step(bool with_final_norm = true) {
-    if (resident.size() > 0) return enqueue_resident_step(with_final_norm || !lm_head.gptq);
-    if (fused) return enqueue_fused_step(with_final_norm || !lm_head.gptq);
+    if (resident.size() > 0) return enqueue_resident_step(with_final_norm);
+    if (fused) return enqueue_fused_step(with_final_norm);
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -775,10 +779,8 @@ struct CudaModel::State {
       norm.norm_weight = final_norm.weight;
       norm.norm_eps = static_cast<float>(config.rms_norm_eps);
       PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(lm_head.quantized.view(), x.as<float>(), y, gemv_workspace, s, gemv, norm));
-    } else if (lm_head.gptq) {
-      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(lm_head.quantized.view(), normed.as<float>(), y, gemv_workspace, s));
     } else {
-      PETREL_RETURN_IF_ERROR(cuda::gemv_dense(lm_head.dense, normed.as<float>(), y, s));
+      PETREL_RETURN_IF_ERROR(linear(lm_head, normed.as<float>(), y));
     }
     if (output == StepOutput::kTop) return enqueue_top(top_k);
     if (to_host) return ok_status();
@@ -1082,14 +1084,13 @@ Status CudaModel::finish_decode() {
 }
 
 Status CudaModel::decode(int32_t token, std::vector<float>* logits) {
-  State& s = *state_;
-  const LlamaConfig& c = s.config;
-  PETREL_RETURN_IF_ERROR(start_decode(token, logits ? StepOutput::kLogits : StepOutput::kNormed));
-  PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "the CUDA decode step"));
   if (logits) {
-    logits->resize(c.vocab_size);
-    std::memcpy(logits->data(), s.host_logits.data(), static_cast<size_t>(c.vocab_size) * 4);
+    PETREL_ASSIGN_OR_RETURN(std::span<const float> view, decode_logits(token));
+    logits->assign(view.begin(), view.end());
+    return ok_status();
   }
+  PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kNormed));
+  PETREL_RETURN_IF_ERROR(with_context(state_->stream.synchronize(), "the CUDA decode step"));
   return finish_decode();
 }
 
