@@ -7,6 +7,7 @@
 //
 //   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
 //                            [--reps N] [-n N] [--prompt N] [--kernels] [--variants unfused,fused-serial,...]
+//                            [--timeline FILE]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
@@ -31,7 +32,7 @@
 //   fused-serial      the fused step without overlap and without L2 prefetch, whatever the defaults
 //   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
 //   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
-//   fused-prefetch64  the same with 64 steps of prefetch
+//   fused-prefetchN   the same with N steps of prefetch (e.g. fused-prefetch64)
 //   fused-cluster     fused-prefetch with the GEMVs' split-K sums reduced in thread-block clusters
 //   fused-gemm-prefill  the defaults, but prompt chunks of <= 32 tokens through the GEMM, not the batch GEMV
 //                     (only the "prompt N ms" column differs)
@@ -43,10 +44,17 @@
 //                     RMSNorm in its staging (CudaModelOptions::prefill_qkv_gemm)
 //   fused-copy-logits the defaults, but the logits written to device memory and copied to the host
 //                     (CudaModelOptions::logits_to_mapped_host off)
+//   fused-ordered...  any fused variant with "ordered" after "fused": split-K sums added by the last block of
+//                     each row range in a fixed order, not with atomics (CudaModelOptions::decode_atomic_reduce
+//                     off), e.g. fused-ordered, fused-ordered-splits-0-0-0-0
 //   fused-splits-Q-O-G-D  the defaults with q/k/v, o, gate/up and down cut into Q, O, G and D input slices
 //                     (0: the planner's; CudaModelOptions::decode_splits), e.g. fused-splits-0-4-0-0
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
+// --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
+// decode GEMV and attention launch runs its instrumented build (the t/s columns then include that cost), and
+// after each variant's measurements records 3 single decode steps (positions 40, 41, 42 after a reset) into FILE
+// as CSV, one row a block: scripts/timeline_report.py turns it into a per-layer picture of the step.
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
 // captured in one graph (weights rotating over copies of >= 256 MB so that they come from device memory;
 // the KV cache and activations are small and stay in L2, as in the step), without overlap, and for the fused
@@ -79,6 +87,7 @@
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
+#include "petrel/kernels/cuda/timeline.h"
 #include "petrel/model/cuda_model.h"
 #include "petrel/model/llama.h"
 #include "petrel/model/random_checkpoint.h"
@@ -194,12 +203,19 @@ struct Options {
   int n_gen = 128;
   int prompt = 29;
   bool kernels = false;
-  std::vector<std::string> variants = {"unfused", "fused-serial", "fused", "resident"};
+  std::string timeline;  // CSV path, or empty
+  std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
 
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
   std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
+  // "fused-ordered...": the same variant with split-K sums in a fixed order (CudaModelOptions::decode_atomic_reduce
+  // off: the same bits on every run).
+  if (base.rfind("fused-ordered", 0) == 0) {
+    o.decode_atomic_reduce = false;
+    base = "fused" + base.substr(13);
+  }
   // "-splitN": N KV positions per attention block (CudaModelOptions::attention_split).
   if (const size_t at = base.find("-split"); at != std::string::npos && base.compare(at, 7, "-splits") != 0) {
     const std::string digits = base.substr(at + 6);
@@ -234,9 +250,10 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.overlap_kernels = true;
     o.gemv_l2_prefetch_steps = 16;
     o.gemv_cluster_reduce = true;
-  } else if (base == "fused-prefetch64") {
+  } else if (base.rfind("fused-prefetch", 0) == 0 && base.size() > 14 &&
+             base.find_first_not_of("0123456789", 14) == std::string::npos) {  // fused-prefetchN: N steps
     o.overlap_kernels = true;
-    o.gemv_l2_prefetch_steps = 64;
+    o.gemv_l2_prefetch_steps = std::stoi(base.substr(14));
   } else if (base == "fused-gemm-prefill") {
     o.batch_prefill = false;
   } else if (base == "fused-batch-mlp") {
@@ -596,6 +613,46 @@ double token_weight_bytes(const LlamaModel& model) {
   return bytes + linear_bytes(model.weights().lm_head);
 }
 
+// The installed timeline ring (main, with --timeline) and the CSV it is written to.
+cuda::TimelineRing timeline_ring;
+FILE* timeline_csv = nullptr;
+
+// Three decode steps of `gpu` (positions 40 to 42 after a reset), each recorded alone into timeline_csv with
+// times relative to the step's first block start.
+void record_timeline(CudaModel& gpu, const LlamaConfig& c, const std::string& label, int64_t group) {
+  gpu.reset();
+  for (int t = 0; t < 40; ++t) check(gpu.decode_logits(static_cast<int32_t>((t * 7919 + 1) % c.vocab_size)).status(), "decode");
+  std::vector<uint32_t> words;
+  for (int step = 0; step < 3; ++step) {
+    CHECK_CUDA(cudaMemset(timeline_ring.count, 0, sizeof(uint32_t)));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    check(gpu.decode_logits(static_cast<int32_t>((step * 31 + 5) % c.vocab_size)).status(), "decode");
+    CHECK_CUDA(cudaDeviceSynchronize());
+    uint32_t count = 0;
+    CHECK_CUDA(cudaMemcpy(&count, timeline_ring.count, sizeof count, cudaMemcpyDeviceToHost));
+    if (count > timeline_ring.capacity) {
+      std::fprintf(stderr, "timeline: %u blocks, only %u recorded\n", count, timeline_ring.capacity);
+      count = timeline_ring.capacity;
+    }
+    words.resize(size_t{count} * cuda::kTimelineWords);
+    CHECK_CUDA(cudaMemcpy(words.data(), timeline_ring.records, words.size() * 4, cudaMemcpyDeviceToHost));
+    constexpr int w = cuda::kTimelineWords;
+    uint32_t t_min = count ? words[3] : 0;
+    for (uint32_t i = 0; i < count; ++i) {  // the earliest start, modulo 2^32 ns (a step is milliseconds)
+      if (static_cast<int32_t>(words[size_t{i} * w + 3] - t_min) < 0) t_min = words[size_t{i} * w + 3];
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      const uint32_t* r = words.data() + size_t{i} * w;
+      auto delta = [](uint32_t d) { return d == 0xFFFFFFFFu ? -1.0 : d / 1e3; };
+      std::fprintf(timeline_csv, "%s,%lld,%d,%08x,%u,%u,%u,%u,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f\n",
+                   label.c_str(), static_cast<long long>(group), step, r[0], r[1] & 0xFFFFu, r[1] >> 16, r[2] & 0xFFFFu,
+                   r[2] >> 16, (r[3] - t_min) / 1e3, delta(r[4]), delta(r[5]), delta(r[6]), delta(r[11]), delta(r[7]),
+                   delta(r[8]), delta(r[9]), delta(r[10]), gpu.last_step_device_ms());
+    }
+  }
+  std::fflush(timeline_csv);
+}
+
 void run_tg(const LlamaModel& model, const std::string& name, const Options& o, double copy_gbs) {
   const LlamaConfig& c = model.config();
   const double token_bytes = token_weight_bytes(model);
@@ -647,6 +704,11 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     const double top_rate = tg_rate([&](int32_t token) { check((*gpu)->decode_top(token, 40, &top_step), "decode_top"); });
     const double none_rate = tg_rate([&](int32_t token) { check((*gpu)->decode(token, nullptr), "decode"); });
     if (!std::isfinite(checksum)) std::fprintf(stderr, "note: non-finite logits in %s\n", variant.c_str());
+    if (timeline_csv) {
+      const LinearWeight& q0 = model.weights().layers.at(0).q_proj;  // the group size, for the CSV (-1: per channel)
+      const int64_t group = q0.kind != LinearWeight::Kind::kGptq ? 0 : q0.gptq.group_size == q0.gptq.cols ? -1 : q0.gptq.group_size;
+      record_timeline(**gpu, c, variant, group);
+    }
     const double gbs = token_bytes * mean / 1e9;
     std::string prompt_ms = "- | - | -";
     if (o.prompt > 0) {
@@ -717,9 +779,10 @@ int main(int argc, char** argv) {
     else if (a == "--prompt") o.prompt = std::stoi(value());
     else if (a == "--kernels") o.kernels = true;
     else if (a == "--variants") o.variants = split_list(value());
+    else if (a == "--timeline") o.timeline = value();
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
-                           "[--reps N] [-n N] [--prompt N] [--kernels] [--variants LIST]\n");
+                           "[--reps N] [-n N] [--prompt N] [--kernels] [--variants LIST] [--timeline FILE]\n");
       return 2;
     }
   }
@@ -738,6 +801,20 @@ int main(int argc, char** argv) {
               dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
   std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
   std::fflush(stdout);
+  if (!o.timeline.empty()) {
+    timeline_csv = std::fopen(o.timeline.c_str(), "w");
+    if (!timeline_csv) {
+      std::fprintf(stderr, "cannot write %s\n", o.timeline.c_str());
+      return 1;
+    }
+    std::fprintf(timeline_csv, "variant,group,step,tag,kind,sm,block,steps,t0_us,wait_us,staged_us,loop_us,end_us,t4_us,t5_us,"
+                               "t6_us,t7_us,step_ms\n");
+    timeline_ring.capacity = 1u << 18;
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&timeline_ring.records), size_t{timeline_ring.capacity} * cuda::kTimelineWords * 4));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&timeline_ring.count), sizeof(uint32_t)));
+    CHECK_CUDA(cudaMemset(timeline_ring.count, 0, sizeof(uint32_t)));
+    cuda::set_timeline(&timeline_ring);
+  }
 
   if (!o.model.empty()) {
     const auto t_load = std::chrono::steady_clock::now();

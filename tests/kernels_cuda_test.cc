@@ -18,6 +18,7 @@
 #include "petrel/kernels/cuda/elementwise.h"
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/timeline.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
@@ -733,6 +734,132 @@ TEST(KernelsCuda, GemvResidualEpilogueUpdatesTheStreamInPlace) {
       }
     }
   }
+}
+
+// Atomic split-K (GemvOptions::atomic_reduce): the slices added into y in place (the residual stream) or into
+// zeros left by another launch's GemvFusion::clear, against the reference; two slices into zeros bitwise the
+// same on every run.
+TEST(KernelsCuda, GemvAtomicSplitKMatchesReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(33);
+  auto workspace = cuda::GemvWorkspace::create();
+  ASSERT_TRUE(workspace.ok());
+  struct Case { std::vector<int64_t> rows; int64_t cols, group; int bits; };
+  for (const Case& c : {Case{{4096}, 14336, 128, 4}, Case{{14336, 14336}, 4096, -1, 4}, Case{{200, 72}, 1024, 64, 4},
+                        Case{{68}, 128, -1, 8}}) {
+    std::vector<TestGptq> matrices;
+    for (int64_t rows : c.rows) matrices.push_back(make_gptq(rng, rows, c.cols, c.bits, c.group, false));
+    const std::vector<float> x = random_floats(rng, c.cols, 2.0f), stream = random_floats(rng, c.rows[0]);
+    const std::vector<float> x16 = round_to_f16(x);
+    cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4);
+    const bool in_place = c.rows.size() == 1;
+    const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
+    for (int k_splits : {0, 1, 2, std::min(steps, 5)}) {
+      SCOPED_TRACE(std::to_string(c.rows[0]) + "x" + std::to_string(c.cols) + (in_place ? " in place" : " cleared") +
+                   " k_splits " + std::to_string(k_splits));
+      std::vector<std::vector<float>> first;
+      for (int run = 0; run < 2; ++run) {
+        std::vector<cuda::DeviceBuffer> outputs;
+        std::vector<cuda::GemvGroupMember> members;
+        for (const TestGptq& m : matrices) {
+          outputs.push_back(in_place ? to_device(stream.data(), stream.size() * 4) : to_device(x.data(), m.host.rows * 4));
+          members.push_back({&m.device.view(), outputs.back().as<float>()});
+        }
+        if (!in_place) {  // garbage in y, cleared by a launch before (one buffer each, as the fused step does)
+          for (size_t i = 0; i < outputs.size(); ++i) {
+            ASSERT_TRUE(outputs[i].fill_bytes(0x7F).ok());
+            cuda::GemvFusion clear;
+            clear.clear[i % 2] = {outputs[i].as<float>(), matrices[i].host.rows};
+            auto scratch = cuda::DeviceBuffer::allocate(matrices[0].host.rows * 4);
+            ASSERT_TRUE(scratch.ok());
+            Status st = cuda::gemv_gptq(matrices[0].device.view(), x_dev.as<float>(), scratch->as<float>(), *workspace,
+                                        nullptr, {}, clear);
+            ASSERT_TRUE(st.ok()) << st.to_string();
+          }
+        }
+        cuda::GemvOptions options;
+        options.k_splits = k_splits;
+        options.overlap_previous = true;
+        options.atomic_reduce = true;
+        cuda::GemvFusion fusion;
+        if (in_place) fusion.residual = outputs[0].as<float>();
+        Status st = cuda::gemv_gptq_grouped(members, x_dev.as<float>(), *workspace, nullptr, options, fusion);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        for (size_t i = 0; i < matrices.size(); ++i) {
+          std::vector<float> want(matrices[i].host.rows);
+          ref::matmul(x16.data(), 1, matrices[i].host.view(), want.data());
+          if (in_place) ref::add_in_place(want.data(), stream.data(), want.size());
+          const std::vector<float> got = download_floats(outputs[i], matrices[i].host.rows);
+          EXPECT_LE(relative_l2(got, want), kTolerance) << "matrix " << i;
+          if (run == 0) first.push_back(got);
+          else if (!in_place && (k_splits == 1 || k_splits == 2)) EXPECT_EQ(got, first[i]) << "two slices into zeros must be reproducible";
+        }
+      }
+    }
+  }
+  // Refusals: a residual that is not y, a misaligned or ragged buffer to clear.
+  const TestGptq m = make_gptq(rng, 64, 256, 4, 128, true);
+  auto y = cuda::DeviceBuffer::allocate(4096);
+  ASSERT_TRUE(y.ok());
+  cuda::GemvOptions atomic;
+  atomic.atomic_reduce = true;
+  cuda::GemvFusion elsewhere;
+  elsewhere.residual = y->as<float>() + 64;
+  EXPECT_FALSE(cuda::gemv_gptq(m.device.view(), y->as<float>() + 512, y->as<float>(), *workspace, nullptr, atomic, elsewhere).ok());
+  cuda::GemvFusion ragged;
+  ragged.clear[0] = {y->as<float>(), 6};
+  EXPECT_FALSE(cuda::gemv_gptq(m.device.view(), y->as<float>() + 512, y->as<float>() + 64, *workspace, nullptr, {}, ragged).ok());
+  ragged.clear[0] = {};
+  ragged.clear[1] = {y->as<float>() + 1, 8};
+  EXPECT_FALSE(cuda::gemv_gptq(m.device.view(), y->as<float>() + 512, y->as<float>() + 64, *workspace, nullptr, {}, ragged).ok());
+}
+
+// The block timeline (timeline.h): with a ring installed, a GEMV launch appends one record a block with its
+// stamps in order, and its result is unchanged; removed, nothing is appended.
+TEST(KernelsCuda, TimelineRecordsEveryBlockOfAGemv) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(34);
+  auto workspace = cuda::GemvWorkspace::create();
+  ASSERT_TRUE(workspace.ok());
+  const TestGptq m = make_gptq(rng, 1000, 2048, 4, 128, false);
+  const std::vector<float> x = random_floats(rng, 2048);
+  cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4);
+  auto y = cuda::DeviceBuffer::allocate(1000 * 4), y_timed = cuda::DeviceBuffer::allocate(1000 * 4);
+  auto records = cuda::DeviceBuffer::allocate(4096 * cuda::kTimelineWords * 4), count = cuda::DeviceBuffer::allocate(4);
+  ASSERT_TRUE(y.ok() && y_timed.ok() && records.ok() && count.ok());
+  ASSERT_TRUE(count->fill_bytes(0).ok());
+  cuda::GemvOptions options;
+  options.k_splits = 4;
+  ASSERT_TRUE(cuda::gemv_gptq(m.device.view(), x_dev.as<float>(), y->as<float>(), *workspace, nullptr, options).ok());
+  const cuda::TimelineRing ring{records->as<uint32_t>(), count->as<uint32_t>(), 4096};
+  cuda::set_timeline(&ring);
+  Status st = cuda::gemv_gptq(m.device.view(), x_dev.as<float>(), y_timed->as<float>(), *workspace, nullptr, options);
+  cuda::set_timeline(nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_TRUE(cuda::gemv_gptq(m.device.view(), x_dev.as<float>(), y_timed->as<float>(), *workspace, nullptr, options).ok());
+  EXPECT_EQ(download_floats(*y_timed, 1000), download_floats(*y, 1000));
+  std::vector<uint32_t> n(1);
+  ASSERT_TRUE(cuda::synchronize().ok());
+  ASSERT_TRUE(count->download(n.data(), 4).ok());
+  ASSERT_EQ(n[0], 8u * 4u) << "8 row tiles x 4 slices";
+  std::vector<uint32_t> words(n[0] * cuda::kTimelineWords);
+  ASSERT_TRUE(records->download(words.data(), words.size() * 4).ok());
+  std::vector<bool> seen(32, false);
+  for (uint32_t i = 0; i < n[0]; ++i) {
+    const uint32_t* r = words.data() + i * cuda::kTimelineWords;
+    EXPECT_EQ(r[0], static_cast<uint32_t>(reinterpret_cast<uintptr_t>(m.device.view().qweight)));
+    EXPECT_EQ(r[1] & 0xFFFFu, 0x40u) << "4-bit, plain input";
+    const uint32_t block = r[2] & 0xFFFFu;
+    ASSERT_LT(block, 32u);
+    seen[block] = true;
+    EXPECT_EQ(r[2] >> 16, 16u) << "2048 inputs = 256 words = 64 steps over 4 slices";
+    EXPECT_LE(r[4], r[5]);
+    EXPECT_LE(r[5], r[6]);
+    EXPECT_LE(r[6], r[11]);
+    EXPECT_LT(r[11], 1000000u) << "a block of a small GEMV takes well under a millisecond";
+    for (int k = 7; k < 11; ++k) EXPECT_EQ(r[k], 0xFFFFFFFFu) << "stamps 4 to 7 are attention's";
+  }
+  for (int b = 0; b < 32; ++b) EXPECT_TRUE(seen[b]) << "block " << b;
 }
 
 // The batch kernels (prompt chunks of up to 32 tokens through the GEMV): every token's row against

@@ -319,6 +319,21 @@ struct CudaModel::State {
     gemv.overlap_previous = overlap;
     gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
     gemv.cluster_reduce = options.gemv_cluster_reduce;
+    // Atomic split-K (CudaModelOptions::decode_atomic_reduce): every product but layer 0's q/k/v adds its slices
+    // into its output, so each output must be zero (or, for o and down, the residual stream) when its product
+    // runs. Each is cleared by a launch after its last reader and before its writer: up by the layer's q/k/v
+    // (down of the layer before, which read it, has completed by q/k/v's wait), gate by o, q by gate/up (the
+    // layer's attention read it), k and v by down. Layer 0's q/k/v sums in order, so a step needs nothing zeroed
+    // beforehand.
+    cuda::GemvOptions atomic = gemv;
+    atomic.atomic_reduce = options.decode_atomic_reduce;
+    auto clearing = [&](cuda::GemvFusion f, const cuda::DeviceBuffer& a, int64_t a_count, const cuda::DeviceBuffer* b = nullptr,
+                        int64_t b_count = 0) {
+      if (!atomic.atomic_reduce) return f;
+      f.clear[0] = {a.as<float>(), a_count};
+      if (b) f.clear[1] = {b->as<float>(), b_count};
+      return f;
+    };
     float* residual = x.as<float>();
     PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, residual, s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -332,27 +347,31 @@ struct CudaModel::State {
       const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), q.as<float>()},
                                            {&w.k_proj.quantized.view(), k.as<float>()},
                                            {&w.v_proj.quantized.view(), v.as<float>()}};
-      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.qkv), input_norm));
+      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s, with_splits(l > 0 ? atomic : gemv, options.decode_splits.qkv),
+                                                     clearing(input_norm, up, c.intermediate_size)));
       PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
                                                          pos, layer_keys, layer_values, attention,
                                                          attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
                                                          attn.as<float>(), s, overlap));
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
-      PETREL_RETURN_IF_ERROR(
-          cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.o), add_to_residual));
+      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
+                                             with_splits(atomic, options.decode_splits.o),
+                                             clearing(add_to_residual, gate, c.intermediate_size)));
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       PETREL_RETURN_IF_ERROR(
-          cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.gate_up), post_attention_norm));
+          cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, with_splits(atomic, options.decode_splits.gate_up),
+                                  clearing(post_attention_norm, q, c.q_dim())));
       cuda::GemvFusion silu_and_add;
       silu_and_add.input = cuda::GemvInput::kSiluMul;
       silu_and_add.up = up.as<float>();
       silu_and_add.residual = residual;
       PETREL_RETURN_IF_ERROR(
-          cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s, with_splits(gemv, options.decode_splits.down), silu_and_add));
+          cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s, with_splits(atomic, options.decode_splits.down),
+                          clearing(silu_and_add, k, c.kv_dim(), &v, c.kv_dim())));
     }
     if (!with_final_norm) return ok_status();
     return cuda::rms_norm(residual, nullptr, 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);

@@ -97,6 +97,15 @@ struct CudaModelOptions {
   struct DecodeSplits {
     int qkv = 0, o = 8, gate_up = 0, down = 0;
   } decode_splits;
+  // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
+  // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
+  // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K
+  // epilogue (2-3 us: partials, fence, counter, a second pass) off the step's critical path: 8B on an H200,
+  // 2026-12-04, 515 -> 554 tok/s per channel and 468 -> 503 at group 128 with o, gate/up and down
+  // (docs/PERFORMANCE.md, session 14). The sums' order then varies from run to run, so logits are not bitwise
+  // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
+  // the ordered sums and the same bits on every run.
+  bool decode_atomic_reduce = true;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the

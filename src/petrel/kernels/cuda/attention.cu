@@ -66,6 +66,7 @@
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
 #include "petrel/kernels/cuda/rope_math.cuh"
+#include "petrel/kernels/cuda/timeline.cuh"
 
 namespace petrel::cuda {
 
@@ -202,6 +203,7 @@ struct RopeAttentionArgs {
   int n_heads, n_kv_heads, head_dim, group, n_blocks, stages;
   int slots;  // chunks a block works on at once, one per quad of warps (blockDim.x = kThreads * slots)
   float scale;
+  TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
 };
 
 // Positions a warp scores at once: one per lane; also the rows of one staged chunk.
@@ -275,8 +277,14 @@ __device__ __forceinline__ float key_dot(const float* q, const __half* key, int 
 // pairs (i, i + head_dim / 2), i = lane + 32 j. head_dim / 2 <= 32 kPairs.
 // kPrefill (prefill_attention_short): token blockIdx.z of a prompt at position start + blockIdx.z, its query
 // rows already rotated and every key and value row already in the cache; no RoPE, no store, n_blocks = 1.
-template <int kPairs, bool kVector8, bool kPrefill>
-__global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kernel(const RopeAttentionArgs a) {
+// The kernel's work (attention_rope_kernel below); kTimeline: thread 0 stamps `stamps` 1 to 7 (timeline.h).
+template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline>
+__device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a, uint64_t (&stamps)[kTimelineStamps]) {
+  auto stamp = [&](int i) {
+    if constexpr (kTimeline) {
+      if (threadIdx.x == 0) stamps[i] = timeline_now();
+    }
+  };
   allow_dependent_launch();
   extern __shared__ float4 shared_vectors[];
   char* shared_bytes = reinterpret_cast<char*>(shared_vectors);
@@ -363,6 +371,7 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
 
   // q, k, v are the previous kernel's output: read through L2 after the wait.
   wait_for_previous_kernel();
+  stamp(1);
   const int64_t q_row = kPrefill ? int64_t{blockIdx.z} * a.n_heads : 0;  // this token's query and output rows
   for (int g = warp; g < a.group; g += warps) {
     const float* q_head = a.q + (q_row + first_head + g) * a.head_dim;
@@ -382,7 +391,9 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
       }
     }
   }
-  if (!kPrefill && holds_position && warp == 0) {
+  // This token's key and value: by a warp that rotated no query when there is one (warp `group`), so that its
+  // loads of k and v go out beside the queries' instead of after them (one L2 round trip fewer on the chain).
+  if (!kPrefill && holds_position && warp == (warps > a.group ? a.group : 0)) {
     __half* key_row = a.keys + position * kv_stride + head_offset;
     __half* value_row = a.values + position * kv_stride + head_offset;
     const float* k_head = a.k + head_offset;
@@ -429,10 +440,12 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
   // One slot (a short prompt's attention, or a short context): its last chunk's state is final, written from
   // registers with no merge.
   const bool lone_slot = a.slots == 1;
+  stamp(2);  // the queries rotated, this token's key and value stored
   for (int r = 0; r < rounds; ++r) {
     if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
     else cp_async_wait<0>();
     __syncthreads();  // every thread's copies, the rotated queries and this token's row visible to the block
+    if (r == 0) stamp(3);  // the first round's chunks of keys and values in shared memory
     const int c = r * a.slots + slot;
     const char* stage = shared_bytes + layout.stage + ((r % a.stages) * a.slots + slot) * layout.stage_bytes;
     const __half* key_rows = reinterpret_cast<const __half*>(stage);
@@ -464,6 +477,7 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
       const float prob = valid ? expf(s - m_new) : 0.0f;
       l = l * correction + warp_sum(prob);
       m = m_new;
+      if (r == 0) stamp(4);
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(acc[j].x * correction, acc[j].y * correction);
       // Values: row u weighted by the probability lane u computed.
@@ -480,6 +494,7 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
           }
         }
       }
+      if (r == 0) stamp(5);
       if (lone_slot && r + 1 == rounds) {
         emit(g, m, l, acc);
         continue;
@@ -502,6 +517,7 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
       cp_async_commit();
     }
   }
+  stamp(6);
   if (!lone_slot) {
     __syncthreads();  // every slot's state in shared memory
     // The slots' states merged per head (in slot order; one slot: its state as it is): M = max_s m_s,
@@ -536,6 +552,7 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
       emit(g, m, l, acc);
     }
   }
+  stamp(7);
   if (kPrefill || active == 1) return;
 
   // The last block of this KV head to finish combines the active blocks' partials.
@@ -580,6 +597,21 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
     for (int j = 0; j < kPairs; ++j) {
       const int vp = lane + 32 * j;
       if (vp < half) reinterpret_cast<float2*>(out)[vp] = make_float2(o[j].x * inv_total, o[j].y * inv_total);
+    }
+  }
+}
+
+template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline = false>
+__global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kernel(const RopeAttentionArgs a) {
+  uint64_t stamps[kTimelineStamps] = {};
+  if constexpr (kTimeline) {
+    if (threadIdx.x == 0) stamps[0] = timeline_now();
+  }
+  attention_rope_block<kPairs, kVector8, kPrefill, kTimeline>(a, stamps);
+  if constexpr (kTimeline) {
+    if (threadIdx.x == 0) {
+      stamps[kTimelineStamps - 1] = timeline_now();
+      timeline_append(a.timeline, a.keys, kTimelineAttention, 0, stamps);
     }
   }
 }
@@ -711,7 +743,7 @@ RopeConfig rope_config(int64_t group, int64_t head_dim, int64_t context_length) 
 }
 
 // Launches attention_rope_kernel<kPairs, kVector8, kPrefill> for the shape in `args`.
-template <bool kPrefill>
+template <bool kPrefill, bool kTimeline = false>
 cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream stream, bool overlap_previous) {
   const int64_t shared = rope_shared_layout(args.group, args.head_dim, args.stages, args.slots).total;
   const int half = args.head_dim / 2;
@@ -722,17 +754,17 @@ cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream 
     }
     return launch_kernel(kernel.value, grid, dim3(kThreads * args.slots), static_cast<size_t>(shared), stream, overlap_previous, args);
   };
-  using K = decltype(&attention_rope_kernel<1, true, kPrefill>);
+  using K = decltype(&attention_rope_kernel<1, true, kPrefill, kTimeline>);
   if (half <= 32) {
-    return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<1, true, kPrefill>>{})
-                   : launch(std::integral_constant<K, attention_rope_kernel<1, false, kPrefill>>{});
+    return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<1, true, kPrefill, kTimeline>>{})
+                   : launch(std::integral_constant<K, attention_rope_kernel<1, false, kPrefill, kTimeline>>{});
   }
   if (half <= 64) {
-    return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<2, true, kPrefill>>{})
-                   : launch(std::integral_constant<K, attention_rope_kernel<2, false, kPrefill>>{});
+    return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<2, true, kPrefill, kTimeline>>{})
+                   : launch(std::integral_constant<K, attention_rope_kernel<2, false, kPrefill, kTimeline>>{});
   }
-  return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<4, true, kPrefill>>{})
-                 : launch(std::integral_constant<K, attention_rope_kernel<4, false, kPrefill>>{});
+  return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<4, true, kPrefill, kTimeline>>{})
+                 : launch(std::integral_constant<K, attention_rope_kernel<4, false, kPrefill, kTimeline>>{});
 }
 
 }  // namespace
@@ -782,6 +814,11 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                                config.slots,
                                1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
   const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), static_cast<unsigned>(blocks));
+  if (const TimelineRing* ring = active_timeline()) {  // the diagnostic build of the kernel (timeline.h)
+    RopeAttentionArgs timed = args;
+    timed.timeline = *ring;
+    return cuda_status(launch_rope_kernel<false, true>(timed, grid, stream, overlap_previous), "decode_attention_rope launch");
+  }
   return cuda_status(launch_rope_kernel<false>(args, grid, stream, overlap_previous), "decode_attention_rope launch");
 }
 

@@ -27,7 +27,13 @@
 // With GemvOptions::cluster_reduce the k_splits blocks of a row range form a thread-block cluster and add their
 // sums through distributed shared memory instead (same order, same bits): that saves the threadfence, the atomic
 // and the L2 round trip (~1 us of a small call) but measured no faster in the 8B decode step (-0.5% per channel,
-// +1% at group 128, 2026-12-03), so it is off by default.
+// +1% at group 128, 2026-12-03), so it is off by default. With GemvOptions::atomic_reduce (the vector kernels)
+// every block instead adds its row sums into y with one float4 reduction (red.global.add.v4.f32) and exits, y
+// holding the residual or zeros beforehand (GemvFusion::clear lets an earlier launch zero it): no partials, no
+// fence, no counter, no second pass, at the price of an order that varies from run to run. The block timeline
+// (timeline.h) showed the ordered epilogue at 1.7-3.1 us of the decode step's critical path per product; with
+// atomics the fused step went 515 -> 569 tok/s per channel (docs/PERFORMANCE.md, session 14), and it is the
+// token generator's default (CudaModelOptions::decode_atomic_reduce).
 //
 // Why tensor cores (kTensorCore, the default). At batch 1 the dequantization, not the FMA, is the cost: the
 // float32 way (the kCudaCore kernel: shift, mask, magic-number convert with the zero folded in, FMA) issues
@@ -139,6 +145,7 @@
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
+#include "petrel/kernels/cuda/timeline.cuh"
 
 namespace petrel::cuda {
 
@@ -193,6 +200,10 @@ struct GemvArgs {
   int row_tiles;       // batch kernels: row tiles a block computes one after another
   int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
+  int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
+  float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
+  int64_t clear_vectors[2];
+  TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
 };
 
 // The matrix row tile `tile` belongs to. Unrolled over constant indices, so the parameter array is not copied
@@ -266,6 +277,21 @@ __device__ __forceinline__ bool last_to_arrive(const GemvArgs& a, int tile) {
 // thread of the block calls it.
 __device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m, int tile, int64_t block_row0,
                                             int64_t row, float4 sums, bool writer) {
+  if (a.atomic_reduce && a.k_splits > 1) {
+    // y already holds the residual (in place) or zeros: every slice adds into it; the next kernel's wait covers
+    // the adds (fire-and-forget reductions, completed with this grid).
+    if (writer) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float4*>(m.y + row), sums);  // one vector reduction (sm_90)
+#else
+      atomicAdd(m.y + row, sums.x);
+      atomicAdd(m.y + row + 1, sums.y);
+      atomicAdd(m.y + row + 2, sums.z);
+      atomicAdd(m.y + row + 3, sums.w);
+#endif
+    }
+    return;
+  }
   if (a.k_splits == 1) {
     if (writer) {
       if (a.residual) {
@@ -471,13 +497,22 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // kTiles 1 to 4 (the batch kernels, 4-bit, plain or SiLU*up input): 8 kTiles token rows of x, token 8 t + n in
 // column n of n-tile t, each step's dequantized weights multiplied with every n-tile; a block computes
 // a.row_tiles row tiles one after another with the same staged x (gemv_gptq_batch in gemv_gptq.h says why).
-template <int kBits, GemvInput kInput, int kTiles>
+// kTimeline (vector kernels only): thread 0 stamps the block's phases into a.timeline (timeline.h).
+template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
   static_assert(!kBatched || (kBits == 4 && kInput != GemvInput::kRmsNorm && kTiles <= 4),
                 "batch kernels: 4-bit weights, plain or SiLU*up input, up to 32 tokens");
+  static_assert(!(kBatched && kTimeline), "the timeline instruments the vector kernels");
+  uint64_t stamps[kTimelineStamps] = {};
+  auto stamp = [&](int i) {
+    if constexpr (kTimeline) {
+      if (threadIdx.x == 0) stamps[i] = timeline_now();
+    }
+  };
+  stamp(0);
   allow_dependent_launch();
   const int row_tiles = kBatched ? a.row_tiles : 1;
   const int first_tile = static_cast<int>(blockIdx.x) * row_tiles;
@@ -555,6 +590,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
 
   // Everything above reads only weights; x is the previous kernel's output.
   wait_for_previous_kernel();
+  stamp(1);
   float4* x_cache = nullptr;
   if constexpr (kInput == GemvInput::kRmsNorm) {
     __shared__ float4 norm_cache[kNormCacheVectors];
@@ -630,6 +666,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   }
   __syncthreads();
+  stamp(2);
   // The batch kernels' B fragments: token row quad_row of each n-tile, word quad_col of each step.
   const char* x_thread = reinterpret_cast<const char*>(x_staged) + (kBatched ? quad_row * a.x_stride_bytes : 0) + quad_col * 16;
   const int tile_stride_bytes = kBatched ? 8 * a.x_stride_bytes : 0;
@@ -794,8 +831,25 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       clear();
     } else {
       // Every thread of a quad holds the same sums (all D columns are equal); the first writes them.
+      stamp(3);
       finish_rows(a, v.m, tile, v.row0, v.row, make_float4(total[0][0], total[0][1], total[0][2], total[0][3]),
                   v.row_ok && quad_col == 0);
+      // GemvFusion::clear: after the wait (above), with the hot loop's registers free.
+      const int64_t blocks = int64_t{gridDim.x} * gridDim.y;
+      const int64_t b = int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        for (int64_t i = b * kThreads + threadIdx.x; i < a.clear_vectors[c]; i += blocks * kThreads) {
+          __stcg(reinterpret_cast<float4*>(a.clear[c]) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        }
+      }
+      stamp(kTimelineStamps - 1);
+      if constexpr (kTimeline) {
+        if (threadIdx.x == 0) {
+          timeline_append(a.timeline, a.parts[0].qweight, 0x10u * kBits + static_cast<uint32_t>(kInput),
+                          static_cast<uint32_t>(slice.steps), stamps);
+        }
+      }
       break;
     }
   }
@@ -891,6 +945,15 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
+  if constexpr (kTiles == 0) {
+    if (args.timeline.records) {  // a diagnostic build of the same kernel (timeline.h)
+      const auto kernel = gemv_gptq_tensor_core<kBits, kInput, 0, true>;
+      if (args.cluster_reduce) {
+        return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
+      }
+      return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap, args);
+    }
+  }
   const auto kernel = gemv_gptq_tensor_core<kBits, kInput, kTiles>;
   if (shared > 48 * 1024) {  // a batch's staged x, which plan_gemv_gptq_batch bounds by kMaxBatchSharedBytes
     const cudaError_t e = raise_shared_limit_once<gemv_gptq_tensor_core<kBits, kInput, kTiles>>(
@@ -962,6 +1025,16 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
                               ") elements, it has " + std::to_string(fusion.norm_weight.size));
     }
   }
+  for (const GemvFusion::Clear& c : fusion.clear) {
+    if (!c.data) continue;
+    if (address(c.data) % 16 != 0 || c.count % 4 != 0 || c.count < 0) {
+      return invalid_argument(what + ": a buffer to clear must be 16-byte aligned and a multiple of 4 floats");
+    }
+    if (!tensor_core) return unsupported(what + ": clearing a buffer needs the tensor-core kernel");
+  }
+  if (options.atomic_reduce && fusion.residual && fusion.residual != members[0].y) {
+    return invalid_argument(what + ": atomic split-K adds into y: the residual must be y itself (in place)");
+  }
   if (fusion.input == GemvInput::kSiluMul && (!fusion.up || address(fusion.up) % 16 != 0)) {
     return invalid_argument(what + ": SiLU*up needs a 16-byte aligned up vector");
   }
@@ -1000,6 +1073,12 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.total_tiles = static_cast<int>(plan.row_tiles_total);
   args.x_stride_bytes = static_cast<int>(plan.x_stride_bytes);
   if (tokens > 0) args.cluster_reduce = 0;
+  args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
+  for (int c = 0; c < 2; ++c) {
+    args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
+    args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;
+  }
+  if (const TimelineRing* ring = active_timeline(); ring && tokens == 0) args.timeline = *ring;
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
   const size_t shared = static_cast<size_t>(plan.shared_bytes);
   cudaError_t error = cudaSuccess;

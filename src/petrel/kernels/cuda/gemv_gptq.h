@@ -82,6 +82,13 @@ struct GemvOptions {
   // partial sums through distributed shared memory; Hopper and later, k_splits <= 16, tensor-core kernel)
   // instead of through L2 with an arrival counter. The same sums in the same order: bitwise the same y.
   bool cluster_reduce = false;
+  // Split-K sums added straight into y by every block (float atomic adds, fire-and-forget: no partials, no
+  // arrival counter, no last block's second pass) instead of the last block adding the slices in a fixed order.
+  // y must hold its starting value when the kernel runs: the residual (GemvFusion::residual == y, the residual
+  // stream updated in place) or zeros (GemvFusion::clear of an earlier launch, or a memset). The order of the
+  // adds varies from run to run, so with more than two slices y is no longer bitwise reproducible (two slices
+  // into zeros are: a + b == b + a). Vector kernels (the token generator); ignored with cluster_reduce.
+  bool atomic_reduce = false;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
@@ -103,6 +110,12 @@ struct GemvFusion {
   // When set, y = residual + W input, the sum written where each row is finished: the residual stream
   // updated in place when residual == y. Single-matrix launches only.
   const float* residual = nullptr;
+  // Zeroed by the launch's blocks after they waited for the previous kernel (vector kernels): outputs of later
+  // atomic_reduce launches, cleared where no kernel in between reads them. Each 16-byte aligned, count % 4 == 0.
+  struct Clear {
+    float* data = nullptr;
+    int64_t count = 0;
+  } clear[2];
 };
 
 // Scratch memory for the split-K reduction and the per-block arrival counters. One workspace per stream:

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Reads the block timeline CSV of `petrel_bench_decode_cuda --timeline FILE` and prints where a decode step's
+time goes, per kernel of a layer (medians over the middle layers of each recorded step).
+
+  python3 scripts/timeline_report.py FILE [--layer-bins N]
+
+Columns (us, relative to the end of the kernel before, "prev end" = the last block end of the previous launch):
+  blocks     blocks of the launch (attention: those that did work / all)
+  first in   first block start - prev end (negative: started early under programmatic dependent launch)
+  last in    last block start - prev end
+  released   first block past its wait - prev end (the dependent launch's release latency)
+  staged     median / last block with its input staged - prev end
+  loop       median / last block out of its main loop - prev end
+  end        last block end - prev end: the launch's share of the step
+  epilogue   end - loop (split-K reduction, the residual add)
+  GB/s       the launch's weight bytes (2 KB a block step) over its share ("end")
+Attention: "staged" = queries rotated and the token's key and value stored, "loop" = the first chunks in
+shared memory; a line below the table gives its later stamps.
+A layer's bins (--layer-bins) show the weight bytes streamed per bin, each block's bytes spread evenly over its
+start .. loop end: where the memory idles.
+"""
+import csv
+import statistics
+import sys
+from collections import defaultdict
+
+KIND_NAMES = {0x41: "4-bit norm", 0x40: "4-bit", 0x42: "4-bit silu", 0x81: "8-bit norm", 0x80: "8-bit", 0x100: "attention"}
+LAYER_ROLES = ["q/k/v", "attention", "o", "gate/up", "down"]
+
+
+def launches_of(rows):
+    by_tag = defaultdict(list)
+    for r in rows:
+        by_tag[(r["tag"], r["kind"])].append(r)
+    launches = []
+    for (tag, kind), blocks in by_tag.items():
+        launches.append({"kind": int(kind), "blocks": blocks, "start": min(b["t0"] for b in blocks)})
+    launches.sort(key=lambda l: l["start"])
+    return launches
+
+
+def stat(launch, prev_end):
+    bl = launch["blocks"]
+    working = [b for b in bl if b["wait"] >= 0]
+    t = lambda b, k: b["t0"] + b[k]
+    out = {
+        "blocks": len(bl),
+        "working": len(working),
+        "first_in": min(b["t0"] for b in bl) - prev_end,
+        "last_in": max(b["t0"] for b in bl) - prev_end,
+        "released": min(t(b, "wait") for b in working) - prev_end if working else 0.0,
+        "staged": max(t(b, "staged") for b in working if b["staged"] >= 0) - prev_end if working else 0.0,
+        "loop": max(t(b, "loop") for b in working if b["loop"] >= 0) - prev_end if working else 0.0,
+        "staged_med": statistics.median(t(b, "staged") for b in working if b["staged"] >= 0) - prev_end if working else 0.0,
+        "loop_med": statistics.median(t(b, "loop") for b in working if b["loop"] >= 0) - prev_end if working else 0.0,
+        "end": max(t(b, "end") for b in bl if b["end"] >= 0) - prev_end,
+        "bytes": sum(b["steps"] for b in bl) * 2048.0,
+        "abs_end": max(t(b, "end") for b in bl if b["end"] >= 0),
+    }
+    out["epilogue"] = out["end"] - out["loop"]
+    # Attention's finer stamps (timeline.h: t4 scores, t5 values, t6 rounds, t7 merged), medians.
+    if working and all(b["extra"][0] >= 0 for b in working):
+        out["extra"] = [statistics.median(b["t0"] + b["extra"][k] for b in working) - prev_end if b_ok else -1
+                        for k, b_ok in ((k, all(b["extra"][k] >= 0 for b in working)) for k in range(4))]
+    return out
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__)
+        return 2
+    bins = 0
+    if "--layer-bins" in argv:
+        bins = int(argv[argv.index("--layer-bins") + 1])
+    steps = defaultdict(list)
+    with open(argv[1]) as f:
+        for r in csv.DictReader(f):
+            row = {"tag": r["tag"], "kind": int(r["kind"]), "steps": int(r["steps"]), "t0": float(r["t0_us"]),
+                   "wait": float(r["wait_us"]), "staged": float(r["staged_us"]), "loop": float(r["loop_us"]),
+                   "end": float(r["end_us"]), "step_ms": float(r["step_ms"]),
+                   "extra": [float(r.get(f"t{k}_us", -1)) for k in range(4, 8)]}
+            steps[(r["variant"], r["group"], r["step"])].append(row)
+    per_config = defaultdict(lambda: defaultdict(list))  # (variant, group) -> role -> [stat]
+    layer_times = defaultdict(list)
+    step_spans = defaultdict(list)
+    sample_layer = {}
+    for (variant, group, step), rows in sorted(steps.items()):
+        launches = launches_of(rows)
+        kinds = [l["kind"] for l in launches]
+        # Layers: q/k/v (4-bit norm) followed by attention.
+        starts = [i for i in range(len(kinds) - 1) if kinds[i] == 0x41 and kinds[i + 1] == 0x100]
+        if len(starts) < 4:
+            print(f"{variant} g{group} step {step}: {len(launches)} launches, no layer pattern; kinds {kinds[:12]}")
+            continue
+        key = (variant, group)
+        step_spans[key].append(max(b["t0"] + b["end"] for b in rows if b["end"] >= 0) - min(b["t0"] for b in rows))
+        ends = []
+        prev_end = None
+        for i, l in enumerate(launches):
+            s = stat(l, prev_end if prev_end is not None else l["start"])
+            l["stat"] = s
+            ends.append(s["abs_end"])
+            prev_end = s["abs_end"]
+        middle = starts[2:-2] if len(starts) > 8 else starts[1:-1]
+        for li in middle:
+            for k, role in enumerate(LAYER_ROLES):
+                per_config[key][role].append(launches[li + k]["stat"])
+            layer_times[key].append(ends[li + 4] - ends[li - 1])
+        tail = launches[starts[-1] + 5:]
+        for l in tail:
+            per_config[key]["after the layers: " + KIND_NAMES.get(l["kind"], hex(l["kind"]))].append(l["stat"])
+        if bins and key not in sample_layer:
+            li = middle[len(middle) // 2]
+            t_begin, t_end = ends[li - 1], ends[li + 4]
+            sample_layer[key] = (t_begin, t_end, [launches[li + k] for k in range(5)])
+    for key, roles in per_config.items():
+        variant, group = key
+        med = statistics.median
+        print(f"\n## {variant}, group {group}: step span {med(step_spans[key]) / 1e3:.3f} ms (blocks' first start to last end), "
+              f"a layer {med(layer_times[key]):.2f} us (median of {len(layer_times[key])})\n")
+        print("| kernel | blocks | first in | last in | released | staged, median / last | loop, median / last | end | epilogue | GB/s |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        total = 0.0
+        for role, stats in roles.items():
+            m = {k: med([s[k] for s in stats]) for k in stats[0] if k != "extra"}
+            if role in LAYER_ROLES:
+                total += m["end"]
+            blocks = f"{m['working']:.0f}/{m['blocks']:.0f}" if m["working"] != m["blocks"] else f"{m['blocks']:.0f}"
+            gbs = m["bytes"] / (m["end"] * 1e3) if m["bytes"] and m["end"] > 0 else 0
+            epilogue = "-" if role == "attention" else f"{m['epilogue']:.2f}"  # its "loop" stamp is not a loop end
+            print(f"| {role} | {blocks} | {m['first_in']:.2f} | {m['last_in']:.2f} | {m['released']:.2f} | {m['staged_med']:.2f} / {m['staged']:.2f} | "
+                  f"{m['loop_med']:.2f} / {m['loop']:.2f} | {m['end']:.2f} | {epilogue} | {gbs:.0f} |")
+        print(f"\nsum of the layer's five shares: {total:.2f} us")
+        att = [s_["extra"] for s_ in roles.get("attention", []) if "extra" in s_]
+        if att:
+            e = [med([x[k] for x in att]) for k in range(4)]
+            print(f"attention's working blocks, medians after q/k/v's end: first round's scores {e[0]:.2f}, its values "
+                  f"{e[1]:.2f}, all rounds {e[2]:.2f}, slots merged and written {e[3]:.2f} us")
+        if key in sample_layer:
+            t_begin, t_end, ls = sample_layer[key]
+            width = (t_end - t_begin) / bins
+            streamed = [0.0] * bins
+            for l in ls:
+                for b in l["blocks"]:
+                    if b["loop"] < 0 or b["steps"] == 0:
+                        continue
+                    a, z = b["t0"], b["t0"] + b["loop"]
+                    rate = b["steps"] * 2048.0 / max(z - a, 1e-3)  # bytes per us
+                    for i in range(bins):
+                        lo, hi = t_begin + i * width, t_begin + (i + 1) * width
+                        overlap = max(0.0, min(hi, z) - max(lo, a))
+                        streamed[i] += rate * overlap
+            print(f"\none layer's weight stream, {bins} bins of {width:.2f} us (GB/s, blocks' bytes spread over start .. loop end):")
+            print(" ".join(f"{s / width / 1e3:.0f}" for s in streamed))
+            marks = []
+            for k, l in enumerate(ls):
+                marks.append(f"{LAYER_ROLES[k]} ends {(l['stat']['abs_end'] - t_begin):.1f}")
+            print("; ".join(marks))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
