@@ -159,6 +159,11 @@ TEST_F(Backend, GpuRunAndGenerateGiveTheCpusGreedyTokens) {
   ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
   EXPECT_EQ(ids_of(cpu.output), ids_of(gpu.output)) << "cpu: " << cpu.output << "gpu: " << gpu.output;
   EXPECT_EQ(ids_of(gpu.output).size(), 32u);
+  // --deterministic: the token generator's sums in a fixed order; the same tokens.
+  auto ordered = run_command(cli() + " generate --greedy --print-ids --deterministic --backend cuda --model " +
+                                 path("cpu_bundle").string() + " --tokens " + tokens + " -n 32", false);
+  ASSERT_EQ(ordered.exit_code, 0) << ordered.output;
+  EXPECT_EQ(ids_of(ordered.output), ids_of(cpu.output)) << "gpu --deterministic: " << ordered.output;
   // The Genie contract: the cuda bundle picks the GPU by itself; same text as the CPU.
   auto run_cpu = run_command(run_tokens("cpu_bundle", ""), false);
   auto run_gpu = run_command(run_tokens("cuda_bundle", "--log info"));

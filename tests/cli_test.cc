@@ -50,6 +50,11 @@ TEST(Cli, GeneratePrintsIdsOnOneLine) {
   std::string want;
   for (size_t i = 0; i < expected.size(); ++i) want += (i ? " " : "") + std::to_string(expected[i]);
   EXPECT_EQ(r.output, want + "\n");
+  // --deterministic (the cuda backend's bitwise-reproducible decode) is accepted and changes nothing on the CPU.
+  auto d = run_command(cli() + " generate --deterministic --model " + (data_dir() / "models/aidreams260k").string() +
+                       " --tokens 1 -n 128 --greedy --print-ids", /*with_stderr=*/false);
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_EQ(d.output, want + "\n");
 }
 
 TEST(Cli, ErrorsAreOneClearLineWithNonZeroExit) {

@@ -34,6 +34,7 @@ struct BenchFlags {
   int64_t chunk_size = 128;
   std::string backend = "cpu";  // cpu, or cuda: GPU 0 (model/cuda_model.h)
   std::string prefill_f16_weights = "auto";
+  bool deterministic = false;
 };
 
 struct BenchRow {
@@ -80,6 +81,7 @@ int run_bench(const BenchFlags& f) {
     auto f16_weights = parse_prefill_f16_weights(f.prefill_f16_weights);
     if (!f16_weights.ok()) return report_error(cmd, f16_weights.status());
     options.prefill_f16_weights = *f16_weights;
+    options.decode_atomic_reduce = !f.deterministic;
     auto created = CudaModel::create(**model, options);
     if (!created.ok()) return report_error(cmd, created.status());
     gpu = std::move(created).value();
@@ -257,6 +259,7 @@ void add_bench_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--prefill-f16-weights", f->prefill_f16_weights,
                   "cuda: fp16 copies of the 4-bit linears for prompts over 160 tokens: auto, on, off (CudaModelOptions)")
       ->capture_default_str();
+  add_deterministic_option(cmd, f->deterministic);
   cmd->callback([f, &ctx] { ctx.exit_code = run_bench(*f); });
 }
 

@@ -20,6 +20,7 @@ namespace {
 struct ChatFlags {
   std::string kv_type = "f16";
   std::string backend = "auto";
+  bool deterministic = false;
   std::string model, system, reasoning = "default";
   int64_t context_length = 4096;
   int64_t max_new_tokens = 512;
@@ -37,6 +38,7 @@ int run_chat(const ChatFlags& f) {
   EngineOptions engine_options;
   engine_options.backend = *backend;
   engine_options.context_length = f.context_length;
+  engine_options.cuda_deterministic = f.deterministic;
   auto engine = Engine::load(f.model, engine_options);
   if (!engine.ok()) return report_error(cmd, engine.status());
   if (!(*engine)->tokenizer() || !(*engine)->templates()) {
@@ -115,6 +117,7 @@ void add_chat_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--system", f->system, "System message");
   add_kv_type_option(cmd, f->kv_type);
   add_backend_option(cmd, f->backend);
+  add_deterministic_option(cmd, f->deterministic);
   cmd->add_option("--reasoning", f->reasoning, "on, off or default (Nemotron: detailed thinking on/off)")->capture_default_str();
   cmd->add_option("--context-length", f->context_length, "KV cache positions")->capture_default_str();
   cmd->add_option("-n,--max-new-tokens", f->max_new_tokens, "Longest answer")->capture_default_str();

@@ -20,6 +20,7 @@ namespace {
 struct GenerateFlags {
   std::string model_dir;
   std::string backend = "auto";
+  bool deterministic = false;
   std::string tokens;
   std::string prompt;
   bool chat = false;
@@ -44,6 +45,7 @@ int run_generate(const GenerateFlags& f) {
   EngineOptions engine_options;
   engine_options.backend = *backend;
   engine_options.context_length = f.context_length;
+  engine_options.cuda_deterministic = f.deterministic;
   auto engine = Engine::load(f.model_dir, engine_options);
   if (!engine.ok()) return report_error("generate", engine.status());
   const LlamaModel* model = &(*engine)->model();
@@ -163,6 +165,7 @@ void add_generate_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--penalize-last-n", flags->sampler.penalize_last_n, "History seen by the penalties; 0 = all")->capture_default_str();
   cmd->add_option("--context-length", flags->context_length, "KV cache positions (capped at max_position_embeddings)")->capture_default_str();
   add_backend_option(cmd, flags->backend);
+  add_deterministic_option(cmd, flags->deterministic);
   cmd->add_option("--chunk-size", flags->chunk_size, "Prompt processor sequence length")->capture_default_str();
   cmd->add_option("-t,--threads", flags->threads, "Worker threads; 0 = all cores")->capture_default_str();
   cmd->callback([flags, &ctx] { ctx.exit_code = run_generate(*flags); });

@@ -31,6 +31,7 @@ struct RunFlags {
   int64_t max_new_tokens = -1;
   int threads = 0;
   std::string prefill_f16_weights = "auto";
+  bool deterministic = false;
 };
 
 enum class LogLevel { kError, kWarn, kInfo, kVerbose };
@@ -88,6 +89,7 @@ int run_run(const RunFlags& f) {
   auto f16_weights = parse_prefill_f16_weights(f.prefill_f16_weights);
   if (!f16_weights.ok()) return report_error(cmd, f16_weights.status());
   engine_options.cuda_prefill_f16_weights = *f16_weights;
+  engine_options.cuda_deterministic = f.deterministic;
   auto engine = Engine::load(model_path, engine_options);
   if (!engine.ok()) return report_error(cmd, engine.status());
   const Tokenizer* tokenizer = (*engine)->tokenizer();
@@ -182,6 +184,7 @@ void add_run_command(CLI::App& app, CliContext& ctx) {
                   "Extension: stop after this many tokens (default: the config's max-num-tokens, else the context)");
   add_kv_type_option(cmd, f->kv_type);
   add_backend_option(cmd, f->backend);
+  add_deterministic_option(cmd, f->deterministic);
   cmd->add_option("--prefill-f16-weights", f->prefill_f16_weights,
                   "cuda: fp16 copies of the 4-bit linears for prompts over 160 tokens (faster; ~3.5x the weights' GPU "
                   "memory): auto (when they take at most half of the free memory), on, off")

@@ -27,6 +27,9 @@ cpu::KvType kv_type_of(const std::string& name);
 // --backend cpu|cuda|auto (default auto: the bundle's dialog.engine.backend.type, cpu for a checkpoint).
 // The value is checked by petrel::parse_backend when the command runs.
 void add_backend_option(CLI::App* cmd, std::string& value);
+// --deterministic: on the cuda backend, decode steps that give the same logits bit for bit on every run
+// (CudaModelOptions::decode_atomic_reduce off); no effect on the CPU, which always does.
+void add_deterministic_option(CLI::App* cmd, bool& value);
 
 void add_generate_command(CLI::App& app, CliContext& ctx);
 void add_logits_command(CLI::App& app, CliContext& ctx);

@@ -18,6 +18,12 @@ void add_backend_option(CLI::App* cmd, std::string& value) {
       ->capture_default_str();
 }
 
+void add_deterministic_option(CLI::App* cmd, bool& value) {
+  cmd->add_flag("--deterministic", value,
+                "cuda: the same logits bit for bit on every run (the token generator's split-K sums in a fixed order "
+                "instead of atomics; ~10% slower generation). The CPU backend always is");
+}
+
 cpu::KvType kv_type_of(const std::string& name) {
   return name == "f32" ? cpu::KvType::kF32 : name == "q8" ? cpu::KvType::kQ8 : cpu::KvType::kF16;
 }

@@ -81,6 +81,9 @@ struct EngineOptions {
   int device = 0;                  // cuda: the GPU, as the CUDA runtime numbers them
   int64_t context_length = 4096;   // cuda: KV cache positions allocated on the GPU (a Session may use fewer)
   PrefillF16Weights cuda_prefill_f16_weights = PrefillF16Weights::kAuto;  // cuda: CudaModelOptions's (memory for prompt speed)
+  // cuda: decode steps bitwise reproducible from run to run (CudaModelOptions::decode_atomic_reduce off: ~10%
+  // slower generation); the CPU backend always is.
+  bool cuda_deterministic = false;
   ModelLoadOptions model;
 };
 
