@@ -6,6 +6,7 @@ time goes, per kernel of a layer (medians over the middle layers of each recorde
 
 Columns (us, relative to the end of the kernel before, "prev end" = the last block end of the previous launch):
   blocks     blocks of the launch (attention: those that did work / all)
+  SMs        SMs its blocks ran on (the hardware packs up to 4 GEMV blocks an SM where it finds room)
   first in   first block start - prev end (negative: started early under programmatic dependent launch)
   last in    last block start - prev end
   released   first block past its wait - prev end (the dependent launch's release latency)
@@ -55,6 +56,7 @@ def stat(launch, prev_end):
         "loop_med": statistics.median(t(b, "loop") for b in working if b["loop"] >= 0) - prev_end if working else 0.0,
         "end": max(t(b, "end") for b in bl if b["end"] >= 0) - prev_end,
         "bytes": sum(b["steps"] for b in bl) * 2048.0,
+        "sms": len({b["sm"] for b in bl}),
         "abs_end": max(t(b, "end") for b in bl if b["end"] >= 0),
     }
     out["epilogue"] = out["end"] - out["loop"]
@@ -75,7 +77,7 @@ def main(argv):
     steps = defaultdict(list)
     with open(argv[1]) as f:
         for r in csv.DictReader(f):
-            row = {"tag": r["tag"], "kind": int(r["kind"]), "steps": int(r["steps"]), "t0": float(r["t0_us"]),
+            row = {"tag": r["tag"], "kind": int(r["kind"]), "sm": int(r["sm"]), "steps": int(r["steps"]), "t0": float(r["t0_us"]),
                    "wait": float(r["wait_us"]), "staged": float(r["staged_us"]), "loop": float(r["loop_us"]),
                    "end": float(r["end_us"]), "step_ms": float(r["step_ms"]),
                    "extra": [float(r.get(f"t{k}_us", -1)) for k in range(4, 8)]}
@@ -118,8 +120,8 @@ def main(argv):
         med = statistics.median
         print(f"\n## {variant}, group {group}: step span {med(step_spans[key]) / 1e3:.3f} ms (blocks' first start to last end), "
               f"a layer {med(layer_times[key]):.2f} us (median of {len(layer_times[key])})\n")
-        print("| kernel | blocks | first in | last in | released | staged, median / last | loop, median / last | end | epilogue | GB/s |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| kernel | blocks | SMs | first in | last in | released | staged, median / last | loop, median / last | end | epilogue | GB/s |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         total = 0.0
         for role, stats in roles.items():
             m = {k: med([s[k] for s in stats]) for k in stats[0] if k != "extra"}
@@ -128,7 +130,7 @@ def main(argv):
             blocks = f"{m['working']:.0f}/{m['blocks']:.0f}" if m["working"] != m["blocks"] else f"{m['blocks']:.0f}"
             gbs = m["bytes"] / (m["end"] * 1e3) if m["bytes"] and m["end"] > 0 else 0
             epilogue = "-" if role == "attention" else f"{m['epilogue']:.2f}"  # its "loop" stamp is not a loop end
-            print(f"| {role} | {blocks} | {m['first_in']:.2f} | {m['last_in']:.2f} | {m['released']:.2f} | {m['staged_med']:.2f} / {m['staged']:.2f} | "
+            print(f"| {role} | {blocks} | {m['sms']:.0f} | {m['first_in']:.2f} | {m['last_in']:.2f} | {m['released']:.2f} | {m['staged_med']:.2f} / {m['staged']:.2f} | "
                   f"{m['loop_med']:.2f} / {m['loop']:.2f} | {m['end']:.2f} | {epilogue} | {gbs:.0f} |")
         print(f"\nsum of the layer's five shares: {total:.2f} us")
         att = [s_["extra"] for s_ in roles.get("attention", []) if "extra" in s_]
