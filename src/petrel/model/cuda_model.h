@@ -100,9 +100,9 @@ struct CudaModelOptions {
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K
-  // epilogue (2-3 us: partials, fence, counter, a second pass) off the step's critical path: 8B on an H200,
-  // 2026-12-04, 515 -> 554 tok/s per channel and 468 -> 503 at group 128 with o, gate/up and down
-  // (docs/PERFORMANCE.md, session 14). The sums' order then varies from run to run, so logits are not bitwise
+  // epilogue (1.7-3.1 us: partials, fence, counter, a second pass) off the step's critical path: 8B on an
+  // H200, 2026-12-04, tg128 515 -> 569 tok/s per channel and 467 -> 513 at group 128 (docs/PERFORMANCE.md,
+  // session 14). The sums' order then varies from run to run, so logits are not bitwise
   // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;

@@ -945,16 +945,10 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
+  auto kernel = gemv_gptq_tensor_core<kBits, kInput, kTiles>;
   if constexpr (kTiles == 0) {
-    if (args.timeline.records) {  // a diagnostic build of the same kernel (timeline.h)
-      const auto kernel = gemv_gptq_tensor_core<kBits, kInput, 0, true>;
-      if (args.cluster_reduce) {
-        return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
-      }
-      return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap, args);
-    }
+    if (args.timeline.records) kernel = gemv_gptq_tensor_core<kBits, kInput, 0, true>;  // diagnostic build (timeline.h)
   }
-  const auto kernel = gemv_gptq_tensor_core<kBits, kInput, kTiles>;
   if (shared > 48 * 1024) {  // a batch's staged x, which plan_gemv_gptq_batch bounds by kMaxBatchSharedBytes
     const cudaError_t e = raise_shared_limit_once<gemv_gptq_tensor_core<kBits, kInput, kTiles>>(
         static_cast<int>(GemvPlan::kMaxBatchSharedBytes));

@@ -3,7 +3,7 @@
 //
 // While a ring is installed (set_timeline), the launches that follow (the decode GEMVs and attention; CUDA
 // graphs capture the choice) run instrumented builds of their kernels: thread 0 of every block reads the GPU's
-// global nanosecond clock at five points and, as the block ends, appends one 32-byte record to the ring. The
+// global nanosecond clock at up to nine points and, as the block ends, appends one 48-byte record to the ring. The
 // product's kernels are separate instantiations without any of this (the GEMV's register schedule is fragile,
 // gemv_gptq.cu), so installing nothing costs nothing.
 //
@@ -14,8 +14,8 @@
 // input is staged, t3 after the main loop, t8 at the end (a split-K reduction included); t4..t7 only for
 // attention, whose t2 is "queries rotated, the token's key and value stored", t3 "the first round's KV chunks
 // in shared memory", t4 "its scores and softmax done", t5 "its values summed", t6 "all rounds done", t7 "slots
-// merged and written"; 0xFFFFFFFF for a point a block did not
-// reach (attention blocks past the sequence return before the wait).
+// merged and written"; 0xFFFFFFFF for a point a block did not reach (attention blocks past the sequence return
+// before the wait).
 // Kinds: 0x10 * bits + GemvInput (0 plain, 1 RMSNorm, 2 SiLU*up) for the GEMVs, 0x100 for decode attention.
 // scripts/timeline_report.py reads what the bench writes.
 #pragma once
@@ -25,7 +25,7 @@
 namespace petrel::cuda {
 
 struct TimelineRing {
-  uint32_t* records = nullptr;  // device memory, capacity * 8 words
+  uint32_t* records = nullptr;  // device memory, capacity * kTimelineWords words
   uint32_t* count = nullptr;    // device memory: records appended (past capacity: dropped, still counted)
   uint32_t capacity = 0;
 };
