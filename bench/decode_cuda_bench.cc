@@ -33,6 +33,8 @@
 //   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
 //   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
 //   fused-prefetchN   the same with N steps of prefetch (e.g. fused-prefetch64)
+// With --timeline, any variant + "-probeN" runs the instrumented kernels' diagnostic variants N
+// (kernels/cuda/timeline.h, TimelineRing::probe: outputs wrong, times only).
 //   fused-cluster     fused-prefetch with the GEMVs' split-K sums reduced in thread-block clusters
 //   fused-gemm-prefill  the defaults, but prompt chunks of <= 32 tokens through the GEMM, not the batch GEMV
 //                     (only the "prompt N ms" column differs)
@@ -206,6 +208,18 @@ struct Options {
   std::string timeline;  // CSV path, or empty
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
+
+// "...-probeN" (with --timeline): the variant without the suffix, and N (the timeline's diagnostic kernel
+// variants, TimelineRing::probe) in *probe (0 without the suffix).
+std::string without_probe(const std::string& variant, uint32_t* probe) {
+  *probe = 0;
+  const size_t at = variant.find("-probe");
+  if (at == std::string::npos) return variant;
+  const std::string digits = variant.substr(at + 6);
+  if (digits.empty() || digits.size() > 4 || digits.find_first_not_of("0123456789") != std::string::npos) return variant;
+  *probe = static_cast<uint32_t>(std::stoul(digits));
+  return variant.substr(0, at);
+}
 
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
@@ -667,7 +681,9 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);
     options.warm_up = false;  // "upload s" is the upload; rep -1 below warms up
     options.time_steps = true;  // "GPU ms/token": the steps' GPU time, the rest of ms/token is the host's
-    if (!variant_options(variant, options)) {
+    const std::string base_variant = without_probe(variant, &timeline_ring.probe);
+    if (timeline_csv) cuda::set_timeline(&timeline_ring);  // the probe, copied into the graphs captured next
+    if (!variant_options(base_variant, options)) {
       std::fprintf(stderr, "unknown variant '%s'\n", variant.c_str());
       std::exit(2);
     }
@@ -788,7 +804,8 @@ int main(int argc, char** argv) {
   }
   for (const std::string& v : o.variants) {
     CudaModelOptions unused;
-    if (!variant_options(v, unused)) {
+    uint32_t probe = 0;
+    if (!variant_options(without_probe(v, &probe), unused) || (probe && o.timeline.empty())) {
       std::fprintf(stderr, "unknown variant '%s'\n", v.c_str());
       return 2;
     }

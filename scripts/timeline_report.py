@@ -15,6 +15,7 @@ Columns (us, relative to the end of the kernel before, "prev end" = the last blo
   end        last block end - prev end: the launch's share of the step
   epilogue   end - loop (split-K reduction, the residual add)
   GB/s       the launch's weight bytes (2 KB a block step) over its share ("end")
+RMSNorm GEMVs (q/k/v, gate/up): a line below the table gives when the median block had its sum of squares.
 Attention: "staged" = queries rotated and the token's key and value stored, "loop" = the first chunks in
 shared memory; a line below the table gives its later stamps.
 A layer's bins (--layer-bins) show the weight bytes streamed per bin, each block's bytes spread evenly over its
@@ -133,6 +134,10 @@ def main(argv):
             print(f"| {role} | {blocks} | {m['sms']:.0f} | {m['first_in']:.2f} | {m['last_in']:.2f} | {m['released']:.2f} | {m['staged_med']:.2f} / {m['staged']:.2f} | "
                   f"{m['loop_med']:.2f} / {m['loop']:.2f} | {m['end']:.2f} | {epilogue} | {gbs:.0f} |")
         print(f"\nsum of the layer's five shares: {total:.2f} us")
+        norms = [f"{role} {med([s_['extra'][0] for s_ in roles[role]]):.2f}" for role in ("q/k/v", "gate/up")
+                 if role in roles and all("extra" in s_ for s_ in roles[role])]
+        if norms:
+            print("RMSNorm inputs, median block's sum of squares done (x read and reduced) after the kernel before: " + ", ".join(norms) + " us")
         att = [s_["extra"] for s_ in roles.get("attention", []) if "extra" in s_]
         if att:
             e = [med([x[k] for x in att]) for k in range(4)]

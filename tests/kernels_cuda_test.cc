@@ -693,6 +693,12 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
   cuda::GemvOptions cuda_core;
   cuda_core.algorithm = cuda::GemvAlgorithm::kCudaCore;
   EXPECT_FALSE(cuda::gemv_gptq(*bad[0].w, y->as<float>(), y->as<float>() + 256, *workspace, nullptr, cuda_core, residual).ok());
+  // RMSNorm weights are copied into shared memory 16 bytes at a time: they must be 16-byte aligned.
+  cuda::GemvFusion misaligned_norm;
+  misaligned_norm.input = cuda::GemvInput::kRmsNorm;
+  misaligned_norm.norm_weight = cuda::DeviceVector{DType::kF32, 256, y->as<float>() + 1};
+  EXPECT_EQ(cuda::gemv_gptq(*bad[0].w, y->as<float>() + 512, y->as<float>() + 256, *workspace, nullptr, {}, misaligned_norm).code(),
+            ErrorCode::kInvalidArgument);
   std::printf("[ cuda grouped gemv ] worst relative L2 %.3g (x rounded to fp16; %.3g against float32 x)\n", worst,
               worst_fp32_input);
 }

@@ -1,5 +1,5 @@
 // kernels/cuda internal: Ampere's asynchronous global -> shared copies (cp.async), used by gemm_gptq.cu's
-// pipeline and attention.cu's KV staging. Only for files built with CUDA.
+// pipeline, attention.cu's KV staging and gemv_gptq.cu's norm weights and shared slices. Only for files built with CUDA.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +26,12 @@ __device__ __forceinline__ void cp_async16_zero_fill(void* shared, const void* g
 __device__ __forceinline__ void cp_async4(void* shared, const void* global) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(address), "l"(global) : "memory");
+}
+
+// 8 bytes global -> shared (both addresses 8-byte aligned), through L1 as cp_async4.
+__device__ __forceinline__ void cp_async8(void* shared, const void* global) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(address), "l"(global) : "memory");
 }
 
 // Closes the group of copies issued since the last commit (possibly empty).

@@ -369,6 +369,12 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
     if (!kPrefill && i < half) rope_cos_sin(position, a.inv_freq, i, cos_pair[j], sin_pair[j]);
   }
 
+  if constexpr (kTimeline) {
+    if (a.timeline.probe & kProbeTouchArgs) {  // the parameters read after the wait, read before it
+      asm volatile("" ::"l"(a.q), "l"(a.k), "l"(a.v), "l"(a.out), "l"(a.partial_out), "l"(a.partial_max),
+                   "l"(a.partial_sum), "l"(a.counters), "f"(a.scale), "r"(a.n_heads), "r"(a.head_dim), "r"(a.group));
+    }
+  }
   // q, k, v are the previous kernel's output: read through L2 after the wait.
   wait_for_previous_kernel();
   stamp(1);

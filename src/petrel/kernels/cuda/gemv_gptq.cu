@@ -96,7 +96,9 @@
 //
 // Fused input and output (GemvFusion). The step's element-wise ops ride along where the vector is touched
 // anyway: RMSNorm of x as x is staged (each block recomputes sum(x^2) over the whole 16 KB vector from L2,
-// 8 loads a thread in flight: cheaper than a kernel of its own, and no cross-block reduction), SiLU(gate) * up
+// 8 loads a thread in flight: cheaper than a kernel of its own, and no cross-block reduction; the slice's norm
+// weights are copied into shared memory with cp.async before the wait, since read from global memory after
+// it they cost ~1 us a RMSNorm launch in the token generator, 1.5% of tg128: session 15), SiLU(gate) * up
 // as the down projection stages its input, and the residual add where each row's sum is final (y = residual
 // + sum, in place: the last block of a split-K row range, or the writer when there is no split). Numerics
 // are those of norm.cu and elementwise.cu, except the sum of squares' order.
@@ -139,6 +141,7 @@
 #include <cstdint>
 
 #include "petrel/kernels/cuda/activation.cuh"
+#include "petrel/kernels/cuda/async_copy.cuh"
 #include "petrel/kernels/cuda/bulk_copy.cuh"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
@@ -357,6 +360,34 @@ __device__ __forceinline__ Slice block_slice(const GemvArgs& a) {
   return s;
 }
 
+// The vector kernels' dynamic shared memory, bytes from its start: the staged slice of x (fp16 in fragment
+// order: 16 bytes a packed word at 4 bits, 8 at 8), then the slice's RMSNorm weights as stored (norm_bytes a
+// weight; 0 without kRmsNorm), 16-byte aligned.
+struct GemvSharedLayout {
+  int64_t norm, total;
+};
+
+__host__ __device__ inline GemvSharedLayout gemv_shared_layout(int bits, int64_t steps_per_split, int norm_bytes) {
+  const int64_t words = steps_per_split * kWordsPerStep;
+  GemvSharedLayout l;
+  l.norm = words * (bits == 4 ? 16 : 8);
+  l.total = l.norm + (words * (32 / bits) * norm_bytes + 15) / 16 * 16;
+  return l;
+}
+
+// Elements j .. j + 3 (j % 4 == 0) of a norm weight vector of `type` in shared memory, exactly widened.
+__device__ __forceinline__ float4 widen4_shared(const char* data, WeightType type, int64_t j) {
+  if (type == WeightType::kF32) return *reinterpret_cast<const float4*>(data + 4 * j);
+  const uint2 bits = *reinterpret_cast<const uint2*>(data + 2 * j);
+  if (type == WeightType::kF16) {
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&bits.x)),
+                 hi = __half22float2(*reinterpret_cast<const __half2*>(&bits.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  return make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xFFFF0000u), __uint_as_float(bits.y << 16),
+                     __uint_as_float(bits.y & 0xFFFF0000u));  // bf16 is float32's upper half
+}
+
 // The kRmsNorm kernels keep the first kNormCacheVectors float4 of x (all of it up to 4096 elements) in static
 // shared memory from the sum-of-squares pass, so staging the slice does not go back to L2.
 constexpr int kNormCacheVectors = 1024;
@@ -364,16 +395,19 @@ constexpr int kNormCacheVectors = 1024;
 // 1 / sqrt(mean(x^2) + eps) over all cols elements of x, for the kRmsNorm input: every block recomputes it
 // from the whole vector (16 KB for Llama-3.1-8B, from L2: cheaper than a launch of its own), all loads issued
 // together. Float32 sums in a tree order, as norm.cu; the same expression for the result. Every thread calls it.
+// probe: TimelineRing::probe in the timeline build (0 in the product's: folded away).
 template <GemvInput kInput>
-__device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cache) {
+__device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cache, uint32_t probe, int64_t slice_begin4,
+                                               int64_t slice_end4) {
   if constexpr (kInput != GemvInput::kRmsNorm) {
     return 1.0f;
   } else {
     const float4* x4 = reinterpret_cast<const float4*>(a.x);
-    const int64_t n4 = a.cols / 4;  // cols % 4 == 0 (gemv_gptq_supports)
+    const bool slice_only = probe & kProbeNormSliceOnly;
+    const int64_t n4 = slice_only ? slice_end4 : a.cols / 4;  // cols % 4 == 0 (gemv_gptq_supports)
     float sum = 0.0f;
 #pragma unroll 8
-    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+    for (int64_t i = (slice_only ? slice_begin4 : 0) + threadIdx.x; i < n4; i += kThreads) {
       const float4 v = __ldcg(x4 + i);
       if (i < kNormCacheVectors) x_cache[i] = v;
       sum = fmaf(v.x, v.x, sum);
@@ -394,13 +428,16 @@ __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cach
 
 // Elements 4 i .. 4 i + 3 of the product's input, the fused op applied (numerics as norm.cu / elementwise.cu).
 // x (and up) were written by the previous kernel: read through L2 (programmatic_launch.cuh).
+// kRmsNorm: norm_slice holds the norm weights of the block's slice (shared memory, copied before the wait),
+// from element norm_first of the vector.
 template <GemvInput kInput>
-__device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, float inv_rms, const float4* x_cache) {
+__device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, float inv_rms, const float4* x_cache,
+                                              const char* norm_slice, int64_t norm_first, uint32_t probe) {
   if constexpr (kInput == GemvInput::kRmsNorm) {
     const float4 v = i < kNormCacheVectors ? x_cache[i] : __ldcg(reinterpret_cast<const float4*>(a.x) + i);
-    const float w0 = load_widened(a.norm_weight, a.norm_type, 4 * i), w1 = load_widened(a.norm_weight, a.norm_type, 4 * i + 1),
-                w2 = load_widened(a.norm_weight, a.norm_type, 4 * i + 2), w3 = load_widened(a.norm_weight, a.norm_type, 4 * i + 3);
-    return make_float4(w0 * (v.x * inv_rms), w1 * (v.y * inv_rms), w2 * (v.z * inv_rms), w3 * (v.w * inv_rms));
+    if (probe & kProbeNormNoWeight) return make_float4(v.x * inv_rms, v.y * inv_rms, v.z * inv_rms, v.w * inv_rms);
+    const float4 w = widen4_shared(norm_slice, a.norm_type, 4 * i - norm_first);
+    return make_float4(w.x * (v.x * inv_rms), w.y * (v.y * inv_rms), w.z * (v.z * inv_rms), w.w * (v.w * inv_rms));
   } else if constexpr (kInput == GemvInput::kSiluMul) {
     return silu_mul4(__ldcg(reinterpret_cast<const float4*>(a.x) + i), __ldcg(reinterpret_cast<const float4*>(a.up) + i));
   } else {
@@ -524,6 +561,27 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   const int64_t thread_words = a.words - slice.first_word - quad_col;
   const int thread_steps = static_cast<int>(
       min(int64_t{slice.steps}, thread_words > 0 ? (thread_words + kWordsPerStep - 1) / kWordsPerStep : 0));
+  extern __shared__ uint4 shared_words[];
+  char* const shared_bytes = reinterpret_cast<char*>(shared_words);
+  const GemvSharedLayout layout =
+      gemv_shared_layout(kBits, a.steps_per_split, kInput == GemvInput::kRmsNorm ? weight_type_bytes(a.norm_type) : 0);
+  // kRmsNorm: the slice's norm weights into shared memory, the first group of copies (they depend on nothing
+  // earlier): staging reads them right after the wait, where an L2 or HBM round trip would sit on every
+  // block's critical path (the timeline measured ~1 us a RMSNorm kernel with them read from global memory).
+  const char* const norm_slice = shared_bytes + layout.norm;
+  const int64_t norm_first = slice.first_word * (32 / kBits);  // the slice's first element
+  if constexpr (kInput == GemvInput::kRmsNorm) {
+    const int elem = weight_type_bytes(a.norm_type);
+    const int64_t words = min(int64_t{slice.steps} * kWordsPerStep, a.words - slice.first_word);
+    const char* from = static_cast<const char*>(a.norm_weight) + norm_first * elem;
+    // A slice starts on a step (4 words, 32 or 16 weights): 16-byte aligned. Its bytes are a multiple of 8.
+    const int64_t bytes = words * (32 / kBits) * elem;
+    for (int64_t off = int64_t{threadIdx.x} * 16; off < bytes; off += kThreads * 16) {
+      if (off + 16 <= bytes) cp_async16(shared_bytes + layout.norm + off, from + off);
+      else cp_async8(shared_bytes + layout.norm + off, from + off);
+    }
+    cp_async_commit();
+  }
   auto load_batch = [&](const TileView& tv, uint4 (&batch)[kBatch], int first) {
     const int64_t step_stride = kWordsPerStep * tv.m.rows;
     if (tv.row_ok && first + kBatch <= thread_steps) {  // the common case: no per-load predicate
@@ -575,16 +633,13 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   }
 
-  // The slice's RMSNorm weights into L1 (they do not depend on the previous kernel either): staging reads them
-  // right after the wait, which would otherwise pay an L2 round trip there, on every block's critical path.
-  if constexpr (kInput == GemvInput::kRmsNorm) {
-    constexpr int kLine = 128;
-    const int elem = weight_type_bytes(a.norm_type);
-    const int64_t slice_words = min(int64_t{slice.steps} * kWordsPerStep, a.words - slice.first_word);
-    const char* first = static_cast<const char*>(a.norm_weight) + slice.first_word * (32 / kBits) * elem;
-    const int64_t bytes = slice_words * (32 / kBits) * elem;
-    for (int64_t off = int64_t{threadIdx.x} * kLine; off < bytes; off += int64_t{kThreads} * kLine) {
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(first + off));
+  const uint32_t probe = kTimeline ? a.timeline.probe : 0u;
+  if constexpr (kTimeline) {
+    if (probe & kProbeTouchArgs) {  // the parameters read after the wait, read before it (into no register kept)
+      asm volatile("" ::"l"(a.x), "l"(a.up), "l"(a.norm_weight), "f"(a.norm_eps), "l"(a.residual), "l"(a.partials),
+                   "l"(a.counters), "l"(a.cols), "l"(a.words), "r"(a.k_splits), "r"(a.atomic_reduce), "l"(a.clear[0]),
+                   "l"(a.clear[1]), "l"(a.clear_vectors[0]), "l"(a.clear_vectors[1]), "l"(a.tokens), "r"(a.total_tiles),
+                   "l"(v.m.y), "r"(a.cluster_reduce), "r"(a.n_parts));
     }
   }
 
@@ -596,13 +651,18 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     __shared__ float4 norm_cache[kNormCacheVectors];
     x_cache = norm_cache;
   }
-  const float inv_rms = input_inv_rms<kInput>(a, x_cache);
+  // This thread's copies of the norm weights done; the block's barrier in input_inv_rms makes all visible.
+  if constexpr (kInput == GemvInput::kRmsNorm) cp_async_wait<0>();
+  const int64_t slice_begin4 = slice.first_word * (32 / kBits) / 4;
+  const float inv_rms = input_inv_rms<kInput>(
+      a, x_cache, probe, slice_begin4,
+      min(a.cols / 4, slice_begin4 + int64_t{slice.steps} * kWordsPerStep * (32 / kBits) / 4));
+  if constexpr (kInput == GemvInput::kRmsNorm) stamp(4);
 
   // x of this slice in fp16, per word in fragment order: 4-bit {x0,x4},{x1,x5},{x2,x6},{x3,x7}; 8-bit
   // {x0,x2},{x1,x3}. Zero past the last word, where the weights read as zero codes (code - zero != 0), and
   // for the batch kernels' token rows past a.tokens.
   constexpr int kRegsPerWord = kBits == 4 ? 4 : 2;
-  extern __shared__ uint4 shared_words[];
   uint32_t* x_staged = reinterpret_cast<uint32_t*>(shared_words);
   if constexpr (kBatched) {
     // Up to 32 token rows: each thread's loads for kStageUnroll fragments go out together (one at a time, the
@@ -649,8 +709,8 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       if constexpr (kBits == 4) {
         uint4 frag = make_uint4(0, 0, 0, 0);
         if (word < a.words) {
-          const float4 lo = load_input4<kInput>(a, 2 * word, inv_rms, x_cache),
-                       hi = load_input4<kInput>(a, 2 * word + 1, inv_rms, x_cache);
+          const float4 lo = load_input4<kInput>(a, 2 * word, inv_rms, x_cache, norm_slice, norm_first, probe),
+                       hi = load_input4<kInput>(a, 2 * word + 1, inv_rms, x_cache, norm_slice, norm_first, probe);
           frag = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z),
                             pack_half2(lo.w, hi.w));
         }
@@ -658,7 +718,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       } else {
         uint2 frag = make_uint2(0, 0);
         if (word < a.words) {
-          const float4 x4 = load_input4<kInput>(a, word, inv_rms, x_cache);
+          const float4 x4 = load_input4<kInput>(a, word, inv_rms, x_cache, norm_slice, norm_first, probe);
           frag = make_uint2(pack_half2(x4.x, x4.z), pack_half2(x4.y, x4.w));
         }
         reinterpret_cast<uint2*>(x_staged)[i] = frag;
@@ -943,21 +1003,28 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
   finish_rows(a, m, static_cast<int>(blockIdx.x), block_row0, row, sums, row_ok && warp == 0);
 }
 
-template <int kBits, GemvInput kInput, int kTiles>
-cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
-  auto kernel = gemv_gptq_tensor_core<kBits, kInput, kTiles>;
-  if constexpr (kTiles == 0) {
-    if (args.timeline.records) kernel = gemv_gptq_tensor_core<kBits, kInput, 0, true>;  // diagnostic build (timeline.h)
-  }
-  if (shared > 48 * 1024) {  // a batch's staged x, which plan_gemv_gptq_batch bounds by kMaxBatchSharedBytes
-    const cudaError_t e = raise_shared_limit_once<gemv_gptq_tensor_core<kBits, kInput, kTiles>>(
-        static_cast<int>(GemvPlan::kMaxBatchSharedBytes));
+// Dynamic shared memory up to which no kernel needs the opt-in: 48 KB less the RMSNorm kernels' static 16 KB.
+constexpr size_t kSharedWithoutOptIn = 32 * 1024;
+
+template <auto Kernel>
+cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
+  if (shared > kSharedWithoutOptIn) {  // a batch's staged x (plan_gemv_gptq_batch bounds it), or x and norm weights
+    const cudaError_t e = raise_shared_limit_once<Kernel>(static_cast<int>(GemvPlan::kMaxBatchSharedBytes));
     if (e != cudaSuccess) return e;
   }
   if (args.cluster_reduce) {
-    return launch_kernel_in_clusters(kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
+    return launch_kernel_in_clusters(Kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
   }
-  return launch_kernel(kernel, grid, dim3(kThreads), shared, stream, overlap, args);
+  return launch_kernel(Kernel, grid, dim3(kThreads), shared, stream, overlap, args);
+}
+
+// The build of the kernel for a launch: the diagnostic one (timeline.h) while a timeline is installed.
+template <int kBits, GemvInput kInput, int kTiles>
+cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
+  if constexpr (kTiles == 0) {
+    if (args.timeline.records) return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true>>(grid, shared, stream, overlap, args);
+  }
+  return launch_built<gemv_gptq_tensor_core<kBits, kInput, kTiles>>(grid, shared, stream, overlap, args);
 }
 
 template <int kBits, int kTiles>
@@ -1014,6 +1081,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   WeightType norm_type = WeightType::kF32;
   if (fusion.input == GemvInput::kRmsNorm) {
     PETREL_ASSIGN_OR_RETURN(norm_type, weight_type(fusion.norm_weight.dtype, "gemv_gptq RMSNorm weight"));
+    if (address(fusion.norm_weight.data) % 16 != 0) return invalid_argument(what + ": the RMSNorm weight must be 16-byte aligned");
     if (!fusion.norm_weight.data || fusion.norm_weight.size != first.cols) {
       return invalid_argument(what + ": the RMSNorm weight must have cols (" + std::to_string(first.cols) +
                               ") elements, it has " + std::to_string(fusion.norm_weight.size));
@@ -1074,7 +1142,17 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   }
   if (const TimelineRing* ring = active_timeline(); ring && tokens == 0) args.timeline = *ring;
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
-  const size_t shared = static_cast<size_t>(plan.shared_bytes);
+  // The vector kernels' shared memory: the staged x, then the RMSNorm weights (gemv_shared_layout).
+  const size_t shared = static_cast<size_t>(
+      tokens > 0 || !tensor_core
+          ? plan.shared_bytes
+          : gemv_shared_layout(first.bits, plan.steps_per_split,
+                               fusion.input == GemvInput::kRmsNorm ? weight_type_bytes(norm_type) : 0).total);
+  if (shared > static_cast<size_t>(GemvPlan::kMaxBatchSharedBytes)) {
+    return unsupported(what + ": a slice of " + std::to_string(plan.steps_per_split) + " steps with its RMSNorm weights needs " +
+                       std::to_string(shared) + " bytes of shared memory, more than " +
+                       std::to_string(GemvPlan::kMaxBatchSharedBytes) + " (more input splits: GemvOptions::k_splits)");
+  }
   cudaError_t error = cudaSuccess;
   if (tensor_core) {
     const bool overlap = options.overlap_previous;

@@ -11,7 +11,8 @@
 // kind | smid << 16, block (blockIdx.y * gridDim.x + blockIdx.x, 16 bits) | steps << 16 (input steps of 4
 // packed words the block reads: 2 KB of weights a step over its 128 rows), t0 (low 32 bits of %globaltimer
 // at the block's start), then t1..t8 - t0 in ns: t1 after the wait for the previous kernel, t2 after the
-// input is staged, t3 after the main loop, t8 at the end (a split-K reduction included); t4..t7 only for
+// input is staged, t3 after the main loop, t8 at the end (a split-K reduction included); RMSNorm GEMVs also t4
+// after the sum of squares (x read, reduced over the block); t4..t7 for
 // attention, whose t2 is "queries rotated, the token's key and value stored", t3 "the first round's KV chunks
 // in shared memory", t4 "its scores and softmax done", t5 "its values summed", t6 "all rounds done", t7 "slots
 // merged and written"; 0xFFFFFFFF for a point a block did not reach (attention blocks past the sequence return
@@ -28,7 +29,14 @@ struct TimelineRing {
   uint32_t* records = nullptr;  // device memory, capacity * kTimelineWords words
   uint32_t* count = nullptr;    // device memory: records appended (past capacity: dropped, still counted)
   uint32_t capacity = 0;
+  // Diagnostic variants of the instrumented kernels (bits; 0 for the plain timeline). They change what the
+  // kernels compute, so their outputs are wrong: for timing questions only (bench `-probeN` variants).
+  //   kProbeNormSliceOnly: RMSNorm GEMVs sum the squares of their own input slice only, not all of x;
+  //   kProbeNormNoWeight: RMSNorm GEMVs read no norm weights (1);
+  //   kProbeTouchArgs: the GEMVs and attention read every parameter they use after the wait before it.
+  uint32_t probe = 0;
 };
+constexpr uint32_t kProbeNormSliceOnly = 1, kProbeNormNoWeight = 2, kProbeTouchArgs = 4;
 constexpr int kTimelineWords = 12;
 constexpr int kTimelineStamps = 9;  // t0 .. t8
 constexpr uint32_t kTimelineAttention = 0x100;
