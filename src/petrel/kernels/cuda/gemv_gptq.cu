@@ -445,7 +445,8 @@ __device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, floa
   }
 }
 
-// Steps of weights whose loads are issued together; two such batches are in flight (ping-pong registers).
+// Steps of weights whose loads are issued together; two such batches are in flight (ping-pong registers), three
+// in the 8-bit vector kernel (kInFlight below).
 constexpr int kBatch = 4;
 
 // What one thread works on in one row tile (kRowsPerBlock rows of one part).
@@ -596,9 +597,16 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
   // The first two batches go out before anything else: they depend on nothing, not even the previous kernel.
-  uint4 ping[kBatch], pong[kBatch];
+  // Batches in flight: three for the 8-bit vector kernel (the LM head: 525 MB for Llama-3.1-8B in ~2 waves of
+  // blocks that stream 256 steps each; with two batches it reached 3.6 TB/s, with three 4.16, the H200's copy
+  // bandwidth, 146 -> 126 us a token: session 15), two for the others (three cost the 4-bit token generator's
+  // layers 1.1%: their blocks' extra loads in flight slow the kernels they overlap, as more L2 prefetch does).
+  // 8-bit at three: 120-127 registers, still 4 blocks an SM.
+  constexpr int kInFlight = kBits == 8 && !kBatched ? 3 : 2;
+  uint4 ping[kBatch], pong[kBatch], pang[kBatch];
   load_batch(v, ping, 0);
   load_batch(v, pong, kBatch);
+  if constexpr (kInFlight == 3) load_batch(v, pang, 2 * kBatch);
 
   // This group's scales and zeros, and the next group's, loaded while this one is computed; the pointers step
   // one group (a row of scales, a row of zeros) at a time.
@@ -627,7 +635,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   {
     const int prefetch_words = min(slice.steps, a.l2_prefetch_steps) * kWordsPerStep;
     const uint32_t run_bytes = static_cast<uint32_t>(min(int64_t{kRowsPerBlock}, v.m.rows - v.row0)) * 4;
-    for (int i = 2 * kBatch * kWordsPerStep + threadIdx.x; i < prefetch_words; i += kThreads) {
+    for (int i = kInFlight * kBatch * kWordsPerStep + threadIdx.x; i < prefetch_words; i += kThreads) {
       const int64_t word = slice.first_word + i;
       if (word < a.words) prefetch_l2(v.m.qweight + word * v.m.rows + v.row0, run_bytes);
     }
@@ -866,11 +874,22 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
 
   for (int r = 0;; ++r) {
     // Two batches in flight: while one is computed, the other's loads are outstanding.
-    for (int first = 0; first < slice.steps; first += 2 * kBatch) {
-      compute_batch(ping, first);
-      if (first + 2 * kBatch < slice.steps) load_batch(v, ping, first + 2 * kBatch);
-      if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
-      if (first + 3 * kBatch < slice.steps) load_batch(v, pong, first + 3 * kBatch);
+    if constexpr (kInFlight == 3) {
+      for (int first = 0; first < slice.steps; first += 3 * kBatch) {
+        compute_batch(ping, first);
+        if (first + 3 * kBatch < slice.steps) load_batch(v, ping, first + 3 * kBatch);
+        if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
+        if (first + 4 * kBatch < slice.steps) load_batch(v, pong, first + 4 * kBatch);
+        if (first + 2 * kBatch < slice.steps) compute_batch(pang, first + 2 * kBatch);
+        if (first + 5 * kBatch < slice.steps) load_batch(v, pang, first + 5 * kBatch);
+      }
+    } else {
+      for (int first = 0; first < slice.steps; first += 2 * kBatch) {
+        compute_batch(ping, first);
+        if (first + 2 * kBatch < slice.steps) load_batch(v, ping, first + 2 * kBatch);
+        if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
+        if (first + 3 * kBatch < slice.steps) load_batch(v, pong, first + 3 * kBatch);
+      }
     }
     promote();
     const int tile = first_tile + r;
