@@ -797,8 +797,11 @@ TEST(KernelsCuda, GemvAtomicSplitKMatchesReference) {
           if (in_place) ref::add_in_place(want.data(), stream.data(), want.size());
           const std::vector<float> got = download_floats(outputs[i], matrices[i].host.rows);
           EXPECT_LE(relative_l2(got, want), kTolerance) << "matrix " << i;
-          if (run == 0) first.push_back(got);
-          else if (!in_place && (k_splits == 1 || k_splits == 2)) EXPECT_EQ(got, first[i]) << "two slices into zeros must be reproducible";
+          if (run == 0) {
+            first.push_back(got);
+          } else if (!in_place && (k_splits == 1 || k_splits == 2)) {
+            EXPECT_EQ(got, first[i]) << "two slices into zeros must be reproducible";
+          }
         }
       }
     }

@@ -818,7 +818,8 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                                blocks,
                                config.stages,
                                config.slots,
-                               1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
+                               1.0f / std::sqrt(static_cast<float>(shape.head_dim)),
+                               TimelineRing{}};
   const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), static_cast<unsigned>(blocks));
   if (const TimelineRing* ring = active_timeline()) {  // the diagnostic build of the kernel (timeline.h)
     RopeAttentionArgs timed = args;
@@ -869,7 +870,8 @@ Status prefill_attention_short(const float* q, const uint16_t* key_cache, const 
                                1,
                                config.stages,
                                config.slots,
-                               1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
+                               1.0f / std::sqrt(static_cast<float>(shape.head_dim)),
+                               TimelineRing{}};
   const dim3 grid(static_cast<unsigned>(shape.n_kv_heads), 1, static_cast<unsigned>(n_tokens));
   return cuda_status(launch_rope_kernel<true>(args, grid, stream, overlap_previous), "prefill_attention_short launch");
 }
