@@ -71,7 +71,8 @@
 // and not arithmetic: a loads-only kernel with exactly this grid and access pattern reads the LM head at
 // 4.4 TB/s (above the 3.9 TB/s of a plain streaming kernel), and the same with each block's bytes contiguous
 // (a tiled layout) is no faster. So the tensor-core kernel keeps two batches of 4 steps of weight loads in
-// flight per thread (ping-pong registers, the next batch issued before this one's arithmetic, the first one
+// flight per thread (three at 8 bits: kInFlight in the kernel, session 15) (ping-pong registers, the next batch
+// issued before this one's arithmetic, the first one
 // before x is staged) and loads the next group's scales and zeros during the current group, in 105 registers
 // since the batch fast path (4 blocks of 128 threads per SM, as many as the planner's grids put on an SM).
 // Holding it at 96 (__launch_bounds__(128, 5)) measured the same tg128 per channel and 2% less at group 128,
@@ -596,7 +597,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       batch[u] = tv.row_ok && s < thread_steps ? load_streaming(tv.weights + s * step_stride) : make_uint4(0, 0, 0, 0);
     }
   };
-  // The first two batches go out before anything else: they depend on nothing, not even the previous kernel.
+  // The first batches go out before anything else: they depend on nothing, not even the previous kernel.
   // Batches in flight: three for the 8-bit vector kernel (the LM head: 525 MB for Llama-3.1-8B in ~2 waves of
   // blocks that stream 256 steps each; with two batches it reached 3.6 TB/s, with three 4.16, the H200's copy
   // bandwidth, 146 -> 126 us a token: session 15), two for the others (three cost the 4-bit token generator's

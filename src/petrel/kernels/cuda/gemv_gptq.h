@@ -76,7 +76,8 @@ struct GemvOptions {
   // waits likewise, which is what makes chains of such launches safe (gemv_gptq.cu).
   bool overlap_previous = false;
   // Steps (of 4 packed input words) of each block's slice of the weights asked into L2 before that wait,
-  // beyond the two batches of 4 steps each thread loads into registers (tensor-core kernel only; 0: none).
+  // beyond the batches of 4 steps each thread loads into registers (two; three at 8 bits) (tensor-core kernel
+  // only; 0: none).
   int l2_prefetch_steps = kDefaultL2PrefetchSteps;
   // Split-K sums reduced inside a thread-block cluster (the k_splits blocks of a row range exchange their
   // partial sums through distributed shared memory; Hopper and later, k_splits <= 16, tensor-core kernel)
