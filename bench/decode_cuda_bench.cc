@@ -33,8 +33,6 @@
 //   fused-overlap     the fused step, each kernel overlapping the one before it (programmatic dependent launch)
 //   fused-prefetch    fused-overlap plus an L2 prefetch of 16 steps of each GEMV block's first weights
 //   fused-prefetchN   the same with N steps of prefetch (e.g. fused-prefetch64)
-// With --timeline, any variant + "-probeN" runs the instrumented kernels' diagnostic variants N
-// (kernels/cuda/timeline.h, TimelineRing::probe: outputs wrong, times only).
 //   fused-cluster     fused-prefetch with the GEMVs' split-K sums reduced in thread-block clusters
 //   fused-gemm-prefill  the defaults, but prompt chunks of <= 32 tokens through the GEMM, not the batch GEMV
 //                     (only the "prompt N ms" column differs)
@@ -56,7 +54,9 @@
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
 // decode GEMV and attention launch runs its instrumented build (the t/s columns then include that cost), and
 // after each variant's measurements records 3 single decode steps (positions 40, 41, 42 after a reset) into FILE
-// as CSV, one row a block: scripts/timeline_report.py turns it into a per-layer picture of the step.
+// as CSV, one row a block: scripts/timeline_report.py turns it into a per-layer picture of the step. With it, a
+// variant may end in "-probeN": the instrumented kernels' diagnostic variants N (TimelineRing::probe: outputs
+// wrong, times only).
 // --kernels times each kernel of both steps alone on Llama-shaped operands: the median time per call of calls
 // captured in one graph (weights rotating over copies of >= 256 MB so that they come from device memory;
 // the KV cache and activations are small and stay in L2, as in the step), without overlap, and for the fused

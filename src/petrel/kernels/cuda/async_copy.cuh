@@ -1,5 +1,5 @@
 // kernels/cuda internal: Ampere's asynchronous global -> shared copies (cp.async), used by gemm_gptq.cu's
-// pipeline, attention.cu's KV staging and gemv_gptq.cu's norm weights and shared slices. Only for files built with CUDA.
+// pipeline, attention.cu's KV staging and gemv_gptq.cu's norm weights. Only for files built with CUDA.
 #pragma once
 
 #include <cuda_runtime.h>

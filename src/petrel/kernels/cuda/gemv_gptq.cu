@@ -874,22 +874,17 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   };
 
   for (int r = 0;; ++r) {
-    // Two batches in flight: while one is computed, the other's loads are outstanding.
-    if constexpr (kInFlight == 3) {
-      for (int first = 0; first < slice.steps; first += 3 * kBatch) {
-        compute_batch(ping, first);
-        if (first + 3 * kBatch < slice.steps) load_batch(v, ping, first + 3 * kBatch);
-        if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
-        if (first + 4 * kBatch < slice.steps) load_batch(v, pong, first + 4 * kBatch);
+    // kInFlight batches in flight: while one is computed, the others' loads are outstanding; each batch's next
+    // loads go out as soon as it is computed.
+    constexpr int kRound = kInFlight * kBatch;  // steps a round of the loop computes
+    for (int first = 0; first < slice.steps; first += kRound) {
+      compute_batch(ping, first);
+      if (first + kRound < slice.steps) load_batch(v, ping, first + kRound);
+      if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
+      if (first + kBatch + kRound < slice.steps) load_batch(v, pong, first + kBatch + kRound);
+      if constexpr (kInFlight == 3) {
         if (first + 2 * kBatch < slice.steps) compute_batch(pang, first + 2 * kBatch);
-        if (first + 5 * kBatch < slice.steps) load_batch(v, pang, first + 5 * kBatch);
-      }
-    } else {
-      for (int first = 0; first < slice.steps; first += 2 * kBatch) {
-        compute_batch(ping, first);
-        if (first + 2 * kBatch < slice.steps) load_batch(v, ping, first + 2 * kBatch);
-        if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
-        if (first + 3 * kBatch < slice.steps) load_batch(v, pong, first + 3 * kBatch);
+        if (first + 2 * kBatch + kRound < slice.steps) load_batch(v, pang, first + 2 * kBatch + kRound);
       }
     }
     promote();
