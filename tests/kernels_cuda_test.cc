@@ -595,6 +595,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
   struct Case { std::vector<int64_t> rows; int64_t cols, group; int bits; bool symmetric; };
   const Case cases[] = {
       {{4096, 1024, 1024}, 4096, -1, 4, true},  // Llama-3.1-8B q/k/v
+      {{136, 40}, 1040, -1, 4, false},          // per channel (three batches in flight), a last step of 2 words
       {{200, 72, 1032}, 4096, 128, 4, false},   // rows that are no multiple of the 128-row block
       {{520, 136}, 1024, 64, 4, false},
       {{8}, 64, 32, 4, true},

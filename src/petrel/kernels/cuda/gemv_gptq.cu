@@ -71,8 +71,8 @@
 // and not arithmetic: a loads-only kernel with exactly this grid and access pattern reads the LM head at
 // 4.4 TB/s (above the 3.9 TB/s of a plain streaming kernel), and the same with each block's bytes contiguous
 // (a tiled layout) is no faster. So the tensor-core kernel keeps two batches of 4 steps of weight loads in
-// flight per thread (three at 8 bits: kInFlight in the kernel, session 15) (ping-pong registers, the next batch
-// issued before this one's arithmetic, the first one
+// flight per thread (three at 8 bits and for the per-channel RMSNorm products: kInFlight in the kernel,
+// sessions 15-16) (ping-pong registers, the next batch issued before this one's arithmetic, the first one
 // before x is staged) and loads the next group's scales and zeros during the current group, in 105 registers
 // since the batch fast path (4 blocks of 128 threads per SM, as many as the planner's grids put on an SM).
 // Holding it at 96 (__launch_bounds__(128, 5)) measured the same tg128 per channel and 2% less at group 128,
@@ -537,7 +537,8 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // column n of n-tile t, each step's dequantized weights multiplied with every n-tile; a block computes
 // a.row_tiles row tiles one after another with the same staged x (gemv_gptq_batch in gemv_gptq.h says why).
 // kTimeline (vector kernels only): thread 0 stamps the block's phases into a.timeline (timeline.h).
-template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false>
+// kDeep (vector kernels only): three batches of weight loads in flight instead of two (launch_one says when).
+template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, bool kDeep = false>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
@@ -545,6 +546,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   static_assert(!kBatched || (kBits == 4 && kInput != GemvInput::kRmsNorm && kTiles <= 4),
                 "batch kernels: 4-bit weights, plain or SiLU*up input, up to 32 tokens");
   static_assert(!(kBatched && kTimeline), "the timeline instruments the vector kernels");
+  static_assert(!(kBatched && kDeep), "three batches in flight: vector kernels only");
   uint64_t stamps[kTimelineStamps] = {};
   auto stamp = [&](int i) {
     if constexpr (kTimeline) {
@@ -600,10 +602,10 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // The first batches go out before anything else: they depend on nothing, not even the previous kernel.
   // Batches in flight: three for the 8-bit vector kernel (the LM head: 525 MB for Llama-3.1-8B in ~2 waves of
   // blocks that stream 256 steps each; with two batches it reached 3.6 TB/s, with three 4.16, the H200's copy
-  // bandwidth, 146 -> 126 us a token: session 15), two for the others (three cost the 4-bit token generator's
-  // layers 1.1%: their blocks' extra loads in flight slow the kernels they overlap, as more L2 prefetch does).
-  // 8-bit at three: 120-127 registers, still 4 blocks an SM.
-  constexpr int kInFlight = kBits == 8 && !kBatched ? 3 : 2;
+  // bandwidth, 146 -> 126 us a token: session 15) and the kDeep builds (launch_one), two for the others (three
+  // cost the 4-bit token generator's layers 1.1% when every product had them, and group 128 ~1% even for the
+  // RMSNorm products alone: session 16). 8-bit at three: 120-127 registers, 4-bit 119; still 4 blocks an SM.
+  constexpr int kInFlight = (kBits == 8 || kDeep) && !kBatched ? 3 : 2;
   uint4 ping[kBatch], pong[kBatch], pang[kBatch];
   load_batch(v, ping, 0);
   load_batch(v, pong, kBatch);
@@ -1033,9 +1035,22 @@ cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool ove
   return launch_kernel(Kernel, grid, dim3(kThreads), shared, stream, overlap, args);
 }
 
-// The build of the kernel for a launch: the diagnostic one (timeline.h) while a timeline is installed.
+// The build of the kernel for a launch: the diagnostic one (timeline.h) while a timeline is installed; for
+// the 4-bit RMSNorm products (the token generator's q/k/v and gate/up) whose slices lie in one group (per
+// channel), the one with three batches of loads in flight. 8B on an H200 (session 16, docs/PERFORMANCE.md), tg128
+// per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build lost ~1% (a group change every
+// batch, its scales and zeros loads behind more weight loads), and three batches for the SiLU*up product (down)
+// too gained less (+0.7%).
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
+  if constexpr (kTiles == 0 && kBits == 4 && kInput == GemvInput::kRmsNorm) {
+    if (args.group_steps >= args.steps_per_split) {  // groups at least as long as a slice: per channel
+      if (args.timeline.records) {
+        return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, true>>(grid, shared, stream, overlap, args);
+      }
+      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, false, true>>(grid, shared, stream, overlap, args);
+    }
+  }
   if constexpr (kTiles == 0) {
     if (args.timeline.records) return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true>>(grid, shared, stream, overlap, args);
   }
