@@ -4,6 +4,8 @@ time goes, per kernel of a layer (medians over the middle layers of each recorde
 
   python3 scripts/timeline_report.py FILE [--layer-bins N]
 
+A variant that ran twice into one file (named twice in --variants) is reported per run: "name", "name #2".
+
 Columns (us, relative to the end of the kernel before, "prev end" = the last block end of the previous launch):
   blocks     blocks of the launch (attention: those that did work / all)
   SMs        SMs its blocks ran on (the hardware packs up to 4 GEMV blocks an SM where it finds room)
@@ -76,8 +78,18 @@ def main(argv):
     if "--layer-bins" in argv:
         bins = int(argv[argv.index("--layer-bins") + 1])
     steps = defaultdict(list)
+    # The bench appends one block of rows per variant run, steps counting from 0: a variant named twice in one
+    # --variants list (or a file appended to) gives a second run whose steps start again, reported apart as
+    # "name #2" (merged, the two runs' launches would interleave into one nonsense step).
+    runs, last_step = defaultdict(int), {}
     with open(argv[1]) as f:
         for r in csv.DictReader(f):
+            run_key, step = (r["variant"], r["group"]), int(r["step"])
+            if run_key in last_step and step < last_step[run_key]:
+                runs[run_key] += 1
+            last_step[run_key] = step
+            if runs[run_key]:
+                r["variant"] = f"{r['variant']} #{runs[run_key] + 1}"
             row = {"tag": r["tag"], "kind": int(r["kind"]), "sm": int(r["sm"]), "steps": int(r["steps"]), "t0": float(r["t0_us"]),
                    "wait": float(r["wait_us"]), "staged": float(r["staged_us"]), "loop": float(r["loop_us"]),
                    "end": float(r["end_us"]), "step_ms": float(r["step_ms"]),
