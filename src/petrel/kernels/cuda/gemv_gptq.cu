@@ -1038,9 +1038,9 @@ cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool ove
 // The build of the kernel for a launch: the diagnostic one (timeline.h) while a timeline is installed; for
 // the 4-bit RMSNorm products (the token generator's q/k/v and gate/up) whose slices lie in one group (per
 // channel), the one with three batches of loads in flight. 8B on an H200 (session 16, docs/PERFORMANCE.md), tg128
-// per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build lost ~1% (a group change every
-// batch, its scales and zeros loads behind more weight loads), and three batches for the SiLU*up product (down)
-// too gained less (+0.7%).
+// per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build lost ~1% (not understood: it
+// lost also with a probe that took the scales' and zeros' latency out), and three batches for the SiLU*up
+// product (down) too gained less (+0.7%).
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0 && kBits == 4 && kInput == GemvInput::kRmsNorm) {
