@@ -355,9 +355,10 @@ struct CudaModel::State {
                                                          attn.as<float>(), s, overlap));
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
+      cuda::GemvOptions o_options = with_splits(atomic, options.decode_splits.o);
+      o_options.registers_before_wait = options.decode_o_registers_before_wait;
       PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
-                                             with_splits(atomic, options.decode_splits.o),
-                                             clearing(add_to_residual, gate, c.intermediate_size)));
+                                             o_options, clearing(add_to_residual, gate, c.intermediate_size)));
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},

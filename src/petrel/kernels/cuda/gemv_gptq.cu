@@ -205,6 +205,7 @@ struct GemvArgs {
   int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
+  int registers_before_wait;  // GemvOptions::registers_before_wait (always 1 without overlap)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -538,7 +539,9 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // a.row_tiles row tiles one after another with the same staged x (gemv_gptq_batch in gemv_gptq.h says why).
 // kTimeline (vector kernels only): thread 0 stamps the block's phases into a.timeline (timeline.h).
 // kDeep (vector kernels only): three batches of weight loads in flight instead of two (launch_one says when).
-template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, bool kDeep = false>
+// kLateRegisters (vector kernels only): the first register batches go out after the wait for the previous
+// kernel, only the L2 prefetch before it (GemvOptions::registers_before_wait off; launch_one says where).
+template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, bool kDeep = false, bool kLateRegisters = false>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
@@ -547,6 +550,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
                 "batch kernels: 4-bit weights, plain or SiLU*up input, up to 32 tokens");
   static_assert(!(kBatched && kTimeline), "the timeline instruments the vector kernels");
   static_assert(!(kBatched && kDeep), "three batches in flight: vector kernels only");
+  static_assert(!(kBatched && kLateRegisters), "register loads after the wait: vector kernels only");
   uint64_t stamps[kTimelineStamps] = {};
   auto stamp = [&](int i) {
     if constexpr (kTimeline) {
@@ -607,9 +611,14 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // RMSNorm products alone: session 16). 8-bit at three: 120-127 registers, 4-bit 119; still 4 blocks an SM.
   constexpr int kInFlight = (kBits == 8 || kDeep) && !kBatched ? 3 : 2;
   uint4 ping[kBatch], pong[kBatch], pang[kBatch];
-  load_batch(v, ping, 0);
-  load_batch(v, pong, kBatch);
-  if constexpr (kInFlight == 3) load_batch(v, pang, 2 * kBatch);
+  auto load_first_batches = [&] {
+    load_batch(v, ping, 0);
+    load_batch(v, pong, kBatch);
+    if constexpr (kInFlight == 3) load_batch(v, pang, 2 * kBatch);
+  };
+  // kLateRegisters: only the L2 prefetch below goes out before the wait (from the slice's first step), the
+  // register batches right after it.
+  if constexpr (!kLateRegisters) load_first_batches();
 
   // This group's scales and zeros, and the next group's, loaded while this one is computed; the pointers step
   // one group (a row of scales, a row of zeros) at a time.
@@ -638,7 +647,8 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   {
     const int prefetch_words = min(slice.steps, a.l2_prefetch_steps) * kWordsPerStep;
     const uint32_t run_bytes = static_cast<uint32_t>(min(int64_t{kRowsPerBlock}, v.m.rows - v.row0)) * 4;
-    for (int i = kInFlight * kBatch * kWordsPerStep + threadIdx.x; i < prefetch_words; i += kThreads) {
+    const int first_word = kLateRegisters ? 0 : kInFlight * kBatch * kWordsPerStep;  // past the register batches
+    for (int i = first_word + threadIdx.x; i < prefetch_words; i += kThreads) {
       const int64_t word = slice.first_word + i;
       if (word < a.words) prefetch_l2(v.m.qweight + word * v.m.rows + v.row0, run_bytes);
     }
@@ -657,6 +667,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // Everything above reads only weights; x is the previous kernel's output.
   wait_for_previous_kernel();
   stamp(1);
+  if constexpr (kLateRegisters) load_first_batches();
   float4* x_cache = nullptr;
   if constexpr (kInput == GemvInput::kRmsNorm) {
     __shared__ float4 norm_cache[kNormCacheVectors];
@@ -1040,7 +1051,8 @@ cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool ove
 // channel), the one with three batches of loads in flight. 8B on an H200 (session 16, docs/PERFORMANCE.md), tg128
 // per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build lost ~1% (not understood: it
 // lost also with a probe that took the scales' and zeros' latency out), and three batches for the SiLU*up
-// product (down) too gained less (+0.7%).
+// product (down) too gained less (+0.7%). GemvOptions::registers_before_wait off, for the 4-bit plain-input
+// vector kernel (the step's o): the build that loads its registers after the wait.
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0 && kBits == 4 && kInput == GemvInput::kRmsNorm) {
@@ -1049,6 +1061,14 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
         return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, true>>(grid, shared, stream, overlap, args);
       }
       return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, false, true>>(grid, shared, stream, overlap, args);
+    }
+  }
+  if constexpr (kTiles == 0 && kBits == 4 && kInput == GemvInput::kPlain) {
+    if (!args.registers_before_wait) {
+      if (args.timeline.records) {
+        return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, false, true>>(grid, shared, stream, overlap, args);
+      }
+      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, false, false, true>>(grid, shared, stream, overlap, args);
     }
   }
   if constexpr (kTiles == 0) {
@@ -1158,6 +1178,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.k_splits = plan.k_splits;
   args.steps_per_split = static_cast<int>(plan.steps_per_split);
   args.l2_prefetch_steps = options.l2_prefetch_steps > 0 ? options.l2_prefetch_steps : 0;
+  args.registers_before_wait = options.registers_before_wait || !options.overlap_previous;
   args.cluster_reduce = tensor_core && options.cluster_reduce && plan.k_splits > 1 &&
                         plan.k_splits <= kMaxClusterSplits && device_has_clusters();
   args.tokens = tokens > 0 ? tokens : 1;
