@@ -113,6 +113,10 @@ struct CudaModelOptions {
   // head start without that cost is what the decode bench's "fused-o-l2" variant measures (session 16 wrote it
   // after its last GPU run: not measured yet, so the default stays).
   bool decode_o_registers_before_wait = true;
+  // The fused step's group-wise GEMVs make each batch's group change after the batch before it issued its next
+  // loads (cuda::GemvOptions::group_change_ahead; decode bench variant "fused-group-ahead"). Written after session
+  // 16's last GPU run, not measured yet: off.
+  bool decode_group_change_ahead = false;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the

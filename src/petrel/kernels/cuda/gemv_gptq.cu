@@ -206,6 +206,7 @@ struct GemvArgs {
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
   int registers_before_wait;  // GemvOptions::registers_before_wait (always 1 without overlap)
+  int group_change_ahead;     // GemvOptions::group_change_ahead
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -538,19 +539,24 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // column n of n-tile t, each step's dequantized weights multiplied with every n-tile; a block computes
 // a.row_tiles row tiles one after another with the same staged x (gemv_gptq_batch in gemv_gptq.h says why).
 // kTimeline (vector kernels only): thread 0 stamps the block's phases into a.timeline (timeline.h).
-// kDeep (vector kernels only): three batches of weight loads in flight instead of two (launch_one says when).
-// kLateRegisters (vector kernels only): the first register batches go out after the wait for the previous
-// kernel, only the L2 prefetch before it (GemvOptions::registers_before_wait off; launch_one says where).
-template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, bool kDeep = false, bool kLateRegisters = false>
+// kBuild (vector kernels only; launch_one says which launch gets which): kBuildDeep, three batches of weight
+// loads in flight instead of two; kBuildLateRegisters, the first register batches go out after the wait for
+// the previous kernel, only the L2 prefetch before it (GemvOptions::registers_before_wait off);
+// kBuildGroupAhead, a batch's group change (promote, the next group's biases and scales, its parameters'
+// loads) done right after the previous batch's next loads went out rather than at the head of the batch
+// (GemvOptions::group_change_ahead). None changes the arithmetic or its order.
+constexpr unsigned kBuildDeep = 1, kBuildLateRegisters = 2, kBuildGroupAhead = 4;
+template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
+  constexpr bool kDeep = kBuild & kBuildDeep, kLateRegisters = kBuild & kBuildLateRegisters,
+                 kGroupAhead = kBuild & kBuildGroupAhead;
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
   static_assert(!kBatched || (kBits == 4 && kInput != GemvInput::kRmsNorm && kTiles <= 4),
                 "batch kernels: 4-bit weights, plain or SiLU*up input, up to 32 tokens");
   static_assert(!(kBatched && kTimeline), "the timeline instruments the vector kernels");
-  static_assert(!(kBatched && kDeep), "three batches in flight: vector kernels only");
-  static_assert(!(kBatched && kLateRegisters), "register loads after the wait: vector kernels only");
+  static_assert(!kBatched || kBuild == 0, "the kBuild variants are vector kernels");
   uint64_t stamps[kTimelineStamps] = {};
   auto stamp = [&](int i) {
     if constexpr (kTimeline) {
@@ -886,6 +892,14 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
 
+  // kGroupAhead: the group change of the batch starting at step s, made once the batch before it has issued
+  // its next loads; compute_batch then finds its group started. Only where compute_batch's fast path would have
+  // made it at the batch's head (a whole batch, groups of whole batches), so the same arithmetic in the same order.
+  auto group_ahead = [&](int s) {
+    if constexpr (kGroupAhead) {
+      if (s + kBatch <= slice.steps && steps_to_group == 0 && a.group_steps >= kBatch) next_group(s);
+    }
+  };
   for (int r = 0;; ++r) {
     // kInFlight batches in flight: while one is computed, the others' loads are outstanding; each batch's next
     // loads go out as soon as it is computed.
@@ -893,11 +907,14 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     for (int first = 0; first < slice.steps; first += kRound) {
       compute_batch(ping, first);
       if (first + kRound < slice.steps) load_batch(v, ping, first + kRound);
+      group_ahead(first + kBatch);
       if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
       if (first + kBatch + kRound < slice.steps) load_batch(v, pong, first + kBatch + kRound);
+      group_ahead(first + 2 * kBatch);
       if constexpr (kInFlight == 3) {
         if (first + 2 * kBatch < slice.steps) compute_batch(pang, first + 2 * kBatch);
         if (first + 2 * kBatch + kRound < slice.steps) load_batch(v, pang, first + 2 * kBatch + kRound);
+        group_ahead(first + 3 * kBatch);
       }
     }
     promote();
@@ -1046,35 +1063,45 @@ cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool ove
   return launch_kernel(Kernel, grid, dim3(kThreads), shared, stream, overlap, args);
 }
 
-// The build of the kernel for a launch: the diagnostic one (timeline.h) while a timeline is installed; for
-// the 4-bit RMSNorm products (the token generator's q/k/v and gate/up) whose slices lie in one group (per
-// channel), the one with three batches of loads in flight. 8B on an H200 (session 16, docs/PERFORMANCE.md), tg128
-// per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build lost ~1% (not understood: it
-// lost also with a probe that took the scales' and zeros' latency out), and three batches for the SiLU*up
-// product (down) too gained less (+0.7%). GemvOptions::registers_before_wait off, for the 4-bit plain-input
-// vector kernel (the step's o): the build that loads its registers after the wait.
+// Launches build kBuild of the kernel, or its diagnostic twin (timeline.h) while a timeline is installed.
+template <int kBits, GemvInput kInput, int kTiles, unsigned kBuild = 0>
+cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
+  if constexpr (kTiles == 0) {
+    if (args.timeline.records) {
+      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, kBuild>>(grid, shared, stream, overlap, args);
+    }
+  }
+  return launch_built<gemv_gptq_tensor_core<kBits, kInput, kTiles, false, kBuild>>(grid, shared, stream, overlap, args);
+}
+
+// The build for a launch (the 4-bit vector kernels; the others have one). kBuildDeep for the RMSNorm products
+// (the token generator's q/k/v and gate/up) whose slices lie in one group (per channel): 8B on an H200 (session
+// 16, docs/PERFORMANCE.md), tg128 per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build
+// lost ~1% (not understood: it lost also with a probe that took the scales' and zeros' latency out), and three
+// batches for the SiLU*up product (down) too gained less (+0.7%). kBuildLateRegisters for the plain-input
+// kernel (the step's o) when GemvOptions::registers_before_wait is off; kBuildGroupAhead where groups change
+// inside a slice and GemvOptions::group_change_ahead is on (both options off by default, not yet measured).
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
-  if constexpr (kTiles == 0 && kBits == 4 && kInput == GemvInput::kRmsNorm) {
-    if (args.group_steps >= args.steps_per_split) {  // groups at least as long as a slice: per channel
-      if (args.timeline.records) {
-        return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, true>>(grid, shared, stream, overlap, args);
+  if constexpr (kTiles == 0 && kBits == 4) {
+    const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
+    const bool ahead = args.group_change_ahead && !one_group;
+    if constexpr (kInput == GemvInput::kRmsNorm) {
+      if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
+      if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
+    } else if constexpr (kInput == GemvInput::kPlain) {
+      if (!args.registers_before_wait) {
+        if (ahead) {
+          return launch_build<kBits, kInput, 0, kBuildLateRegisters | kBuildGroupAhead>(grid, shared, stream, overlap, args);
+        }
+        return launch_build<kBits, kInput, 0, kBuildLateRegisters>(grid, shared, stream, overlap, args);
       }
-      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, false, true>>(grid, shared, stream, overlap, args);
+      if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
+    } else {
+      if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
     }
   }
-  if constexpr (kTiles == 0 && kBits == 4 && kInput == GemvInput::kPlain) {
-    if (!args.registers_before_wait) {
-      if (args.timeline.records) {
-        return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, false, true>>(grid, shared, stream, overlap, args);
-      }
-      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, false, false, true>>(grid, shared, stream, overlap, args);
-    }
-  }
-  if constexpr (kTiles == 0) {
-    if (args.timeline.records) return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true>>(grid, shared, stream, overlap, args);
-  }
-  return launch_built<gemv_gptq_tensor_core<kBits, kInput, kTiles>>(grid, shared, stream, overlap, args);
+  return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
 }
 
 template <int kBits, int kTiles>
@@ -1179,6 +1206,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.steps_per_split = static_cast<int>(plan.steps_per_split);
   args.l2_prefetch_steps = options.l2_prefetch_steps > 0 ? options.l2_prefetch_steps : 0;
   args.registers_before_wait = options.registers_before_wait || !options.overlap_previous;
+  args.group_change_ahead = options.group_change_ahead;
   args.cluster_reduce = tensor_core && options.cluster_reduce && plan.k_splits > 1 &&
                         plan.k_splits <= kMaxClusterSplits && device_has_clusters();
   args.tokens = tokens > 0 ? tokens : 1;
