@@ -1088,18 +1088,14 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
     const bool ahead = args.group_change_ahead && !one_group;
     if constexpr (kInput == GemvInput::kRmsNorm) {
       if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
-      if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
-    } else if constexpr (kInput == GemvInput::kPlain) {
-      if (!args.registers_before_wait) {
-        if (ahead) {
-          return launch_build<kBits, kInput, 0, kBuildLateRegisters | kBuildGroupAhead>(grid, shared, stream, overlap, args);
-        }
-        return launch_build<kBits, kInput, 0, kBuildLateRegisters>(grid, shared, stream, overlap, args);
-      }
-      if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
-    } else {
-      if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
     }
+    if constexpr (kInput == GemvInput::kPlain) {
+      if (!args.registers_before_wait) {
+        return ahead ? launch_build<kBits, kInput, 0, kBuildLateRegisters | kBuildGroupAhead>(grid, shared, stream, overlap, args)
+                     : launch_build<kBits, kInput, 0, kBuildLateRegisters>(grid, shared, stream, overlap, args);
+      }
+    }
+    if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
 }
