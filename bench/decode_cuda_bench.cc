@@ -44,10 +44,6 @@
 //                     RMSNorm in its staging (CudaModelOptions::prefill_qkv_gemm)
 //   fused-copy-logits the defaults, but the logits written to device memory and copied to the host
 //                     (CudaModelOptions::logits_to_mapped_host off)
-//   fused-o-l2        the defaults, but o asks only L2 for its weights before its wait for attention and loads
-//                     its registers after it (CudaModelOptions::decode_o_registers_before_wait off)
-//   fused-group-ahead the defaults, but the group-wise GEMVs change groups ahead of each batch
-//                     (CudaModelOptions::decode_group_change_ahead); fused-o-l2-group-ahead: both
 //   fused-ordered...  any fused variant with "ordered" after "fused": split-K sums added by the last block of
 //                     each row range in a fixed order, not with atomics (CudaModelOptions::decode_atomic_reduce
 //                     off), e.g. fused-ordered, fused-ordered-splits-0-0-0-0
@@ -284,13 +280,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.prefill_qkv_gemm = true;
   } else if (base == "fused-copy-logits") {
     o.logits_to_mapped_host = false;
-  } else if (base == "fused-o-l2") {
-    o.decode_o_registers_before_wait = false;
-  } else if (base == "fused-group-ahead") {
-    o.decode_group_change_ahead = true;
-  } else if (base == "fused-o-l2-group-ahead") {
-    o.decode_o_registers_before_wait = false;
-    o.decode_group_change_ahead = true;
   } else if (base != "fused") {
     return false;
   }

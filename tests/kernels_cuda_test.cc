@@ -647,19 +647,17 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
         const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
         for (int k_splits : {0, 1, std::min(steps, 3)}) {
           std::vector<std::vector<float>> without_overlap;  // mode 0's outputs: the other modes' bits
-          // Modes: no overlap; overlap; overlap with the register loads after the wait and group changes ahead.
-          for (int mode = 0; mode < 3; ++mode) {
+          // Modes: no overlap; overlap (the same bits).
+          for (int mode = 0; mode < 2; ++mode) {
             const bool overlap = mode > 0;
             SCOPED_TRACE(std::to_string(c.bits) + "-bit, " + std::to_string(c.rows.size()) + " matrices of " +
                          std::to_string(c.cols) + " cols, group " + std::to_string(c.group) + ", " + input_name(input) +
                          " " + std::string(dtype_name(norm_dtype)) + ", k_splits " + std::to_string(k_splits) +
-                         (overlap ? ", overlapped" : "") + (mode == 2 ? ", registers after the wait, groups ahead" : ""));
+                         (overlap ? ", overlapped" : ""));
             cuda::GemvOptions options;
             options.k_splits = k_splits;
             options.overlap_previous = overlap;
             options.l2_prefetch_steps = overlap ? 64 : 0;
-            options.registers_before_wait = mode != 2;
-            options.group_change_ahead = mode == 2;
             std::vector<std::vector<float>> first;
             for (int run = 0; run < 2; ++run) {
               for (cuda::DeviceBuffer& y : outputs) ASSERT_TRUE(y.fill_bytes(0xFF).ok());

@@ -319,7 +319,6 @@ struct CudaModel::State {
     gemv.overlap_previous = overlap;
     gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
     gemv.cluster_reduce = options.gemv_cluster_reduce;
-    gemv.group_change_ahead = options.decode_group_change_ahead;
     // Atomic split-K (CudaModelOptions::decode_atomic_reduce): every product but layer 0's q/k/v adds its slices
     // into its output, so each output must be zero (or, for o and down, the residual stream) when its product
     // runs. Each is cleared by a launch after its last reader and before its writer: up by the layer's q/k/v
@@ -356,10 +355,9 @@ struct CudaModel::State {
                                                          attn.as<float>(), s, overlap));
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
-      cuda::GemvOptions o_options = with_splits(atomic, options.decode_splits.o);
-      o_options.registers_before_wait = options.decode_o_registers_before_wait;
       PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
-                                             o_options, clearing(add_to_residual, gate, c.intermediate_size)));
+                                             with_splits(atomic, options.decode_splits.o),
+                                             clearing(add_to_residual, gate, c.intermediate_size)));
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},

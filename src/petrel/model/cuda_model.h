@@ -106,17 +106,6 @@ struct CudaModelOptions {
   // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;
-  // The fused step's o projection issues its first weight loads into registers before its wait for attention
-  // (true), or asks only L2 for its slices then and loads registers after the wait (false;
-  // cuda::GemvOptions::registers_before_wait). o's early blocks share attention's SMs, and attention's chain ran
-  // ~2 us slower with o overlapping it (docs/PERFORMANCE.md, session 14); whether L2 prefetches alone keep o's
-  // head start without that cost is what the decode bench's "fused-o-l2" variant measures (session 16 wrote it
-  // after its last GPU run: not measured yet, so the default stays).
-  bool decode_o_registers_before_wait = true;
-  // The fused step's group-wise GEMVs make each batch's group change after the batch before it issued its next
-  // loads (cuda::GemvOptions::group_change_ahead; decode bench variant "fused-group-ahead"). Written after session
-  // 16's last GPU run, not measured yet: off.
-  bool decode_group_change_ahead = false;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the

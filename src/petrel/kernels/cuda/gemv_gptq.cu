@@ -205,8 +205,6 @@ struct GemvArgs {
   int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
-  int registers_before_wait;  // GemvOptions::registers_before_wait (always 1 without overlap)
-  int group_change_ahead;     // GemvOptions::group_change_ahead
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -540,16 +538,13 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // a.row_tiles row tiles one after another with the same staged x (gemv_gptq_batch in gemv_gptq.h says why).
 // kTimeline (vector kernels only): thread 0 stamps the block's phases into a.timeline (timeline.h).
 // kBuild (vector kernels only; launch_one says which launch gets which): kBuildDeep, three batches of weight
-// loads in flight instead of two; kBuildLateRegisters, the first register batches go out after the wait for
-// the previous kernel, only the L2 prefetch before it (GemvOptions::registers_before_wait off);
-// kBuildGroupAhead, a batch's group change (promote, the next group's biases and scales, its parameters'
-// loads) done right after the previous batch's next loads went out rather than at the head of the batch
-// (GemvOptions::group_change_ahead). None changes the arithmetic or its order.
-constexpr unsigned kBuildDeep = 1, kBuildLateRegisters = 2, kBuildGroupAhead = 4;
+// loads in flight instead of two. Build flags that measured slower and were removed (session 17,
+// docs/PERFORMANCE.md): the first register batches after the wait (only L2 prefetch before it) for o, -1.7%
+// tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
+constexpr unsigned kBuildDeep = 1;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
-  constexpr bool kDeep = kBuild & kBuildDeep, kLateRegisters = kBuild & kBuildLateRegisters,
-                 kGroupAhead = kBuild & kBuildGroupAhead;
+  constexpr bool kDeep = kBuild & kBuildDeep;
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
@@ -617,14 +612,9 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // RMSNorm products alone: session 16). 8-bit at three: 120-127 registers, 4-bit 119; still 4 blocks an SM.
   constexpr int kInFlight = (kBits == 8 || kDeep) && !kBatched ? 3 : 2;
   uint4 ping[kBatch], pong[kBatch], pang[kBatch];
-  auto load_first_batches = [&] {
-    load_batch(v, ping, 0);
-    load_batch(v, pong, kBatch);
-    if constexpr (kInFlight == 3) load_batch(v, pang, 2 * kBatch);
-  };
-  // kLateRegisters: only the L2 prefetch below goes out before the wait (from the slice's first step), the
-  // register batches right after it.
-  if constexpr (!kLateRegisters) load_first_batches();
+  load_batch(v, ping, 0);
+  load_batch(v, pong, kBatch);
+  if constexpr (kInFlight == 3) load_batch(v, pang, 2 * kBatch);
 
   // This group's scales and zeros, and the next group's, loaded while this one is computed; the pointers step
   // one group (a row of scales, a row of zeros) at a time.
@@ -653,8 +643,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   {
     const int prefetch_words = min(slice.steps, a.l2_prefetch_steps) * kWordsPerStep;
     const uint32_t run_bytes = static_cast<uint32_t>(min(int64_t{kRowsPerBlock}, v.m.rows - v.row0)) * 4;
-    const int first_word = kLateRegisters ? 0 : kInFlight * kBatch * kWordsPerStep;  // past the register batches
-    for (int i = first_word + threadIdx.x; i < prefetch_words; i += kThreads) {
+    for (int i = kInFlight * kBatch * kWordsPerStep + threadIdx.x; i < prefetch_words; i += kThreads) {
       const int64_t word = slice.first_word + i;
       if (word < a.words) prefetch_l2(v.m.qweight + word * v.m.rows + v.row0, run_bytes);
     }
@@ -673,7 +662,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // Everything above reads only weights; x is the previous kernel's output.
   wait_for_previous_kernel();
   stamp(1);
-  if constexpr (kLateRegisters) load_first_batches();
   float4* x_cache = nullptr;
   if constexpr (kInput == GemvInput::kRmsNorm) {
     __shared__ float4 norm_cache[kNormCacheVectors];
@@ -892,14 +880,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
 
-  // kGroupAhead: the group change of the batch starting at step s, made once the batch before it has issued
-  // its next loads; compute_batch then finds its group started. Only where compute_batch's fast path would have
-  // made it at the batch's head (a whole batch, groups of whole batches), so the same arithmetic in the same order.
-  auto group_ahead = [&](int s) {
-    if constexpr (kGroupAhead) {
-      if (s + kBatch <= slice.steps && steps_to_group == 0 && a.group_steps >= kBatch) next_group(s);
-    }
-  };
   for (int r = 0;; ++r) {
     // kInFlight batches in flight: while one is computed, the others' loads are outstanding; each batch's next
     // loads go out as soon as it is computed.
@@ -907,14 +887,11 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     for (int first = 0; first < slice.steps; first += kRound) {
       compute_batch(ping, first);
       if (first + kRound < slice.steps) load_batch(v, ping, first + kRound);
-      group_ahead(first + kBatch);
       if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
       if (first + kBatch + kRound < slice.steps) load_batch(v, pong, first + kBatch + kRound);
-      group_ahead(first + 2 * kBatch);
       if constexpr (kInFlight == 3) {
         if (first + 2 * kBatch < slice.steps) compute_batch(pang, first + 2 * kBatch);
         if (first + 2 * kBatch + kRound < slice.steps) load_batch(v, pang, first + 2 * kBatch + kRound);
-        group_ahead(first + 3 * kBatch);
       }
     }
     promote();
@@ -1078,24 +1055,14 @@ cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool ove
 // (the token generator's q/k/v and gate/up) whose slices lie in one group (per channel): 8B on an H200 (session
 // 16, docs/PERFORMANCE.md), tg128 per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build
 // lost ~1% (not understood: it lost also with a probe that took the scales' and zeros' latency out), and three
-// batches for the SiLU*up product (down) too gained less (+0.7%). kBuildLateRegisters for the plain-input
-// kernel (the step's o) when GemvOptions::registers_before_wait is off; kBuildGroupAhead where groups change
-// inside a slice and GemvOptions::group_change_ahead is on (both options off by default, not yet measured).
+// batches for the SiLU*up product (down) too gained less (+0.7%).
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
-    const bool ahead = args.group_change_ahead && !one_group;
     if constexpr (kInput == GemvInput::kRmsNorm) {
       if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
-    if constexpr (kInput == GemvInput::kPlain) {
-      if (!args.registers_before_wait) {
-        return ahead ? launch_build<kBits, kInput, 0, kBuildLateRegisters | kBuildGroupAhead>(grid, shared, stream, overlap, args)
-                     : launch_build<kBits, kInput, 0, kBuildLateRegisters>(grid, shared, stream, overlap, args);
-      }
-    }
-    if (ahead) return launch_build<kBits, kInput, 0, kBuildGroupAhead>(grid, shared, stream, overlap, args);
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
 }
@@ -1201,8 +1168,6 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.k_splits = plan.k_splits;
   args.steps_per_split = static_cast<int>(plan.steps_per_split);
   args.l2_prefetch_steps = options.l2_prefetch_steps > 0 ? options.l2_prefetch_steps : 0;
-  args.registers_before_wait = options.registers_before_wait || !options.overlap_previous;
-  args.group_change_ahead = options.group_change_ahead;
   args.cluster_reduce = tensor_core && options.cluster_reduce && plan.k_splits > 1 &&
                         plan.k_splits <= kMaxClusterSplits && device_has_clusters();
   args.tokens = tokens > 0 ? tokens : 1;

@@ -79,18 +79,6 @@ struct GemvOptions {
   // beyond the batches of 4 steps each thread loads into registers (two; three at 8 bits) (tensor-core kernel
   // only; 0: none).
   int l2_prefetch_steps = kDefaultL2PrefetchSteps;
-  // With overlap_previous: whether each thread's first batches of weight loads into registers go out before
-  // the wait (true) or right after it (false: before it only the L2 prefetch, from the slice's first step).
-  // Same arithmetic, the same bits. For a launch that overlaps a latency-bound kernel which its blocks' loads
-  // would slow (the decode step's o overlapping attention: CudaModelOptions::decode_o_registers_before_wait).
-  // The 4-bit vector kernel with a plain input only (o's); the others ignore it.
-  bool registers_before_wait = true;
-  // Group-wise 4-bit vector kernels: each batch's group change (the mma sums promoted, the next group's biases
-  // and scales decoded, its parameters loaded) made right after the batch before it issued its next weight
-  // loads, instead of at the head of the batch, where it delays that batch's own next loads. Same arithmetic in
-  // the same order. Session 16's probes put group 128's ~12% gap to per channel in its group changes
-  // (docs/PERFORMANCE.md); this is the experiment (CudaModelOptions::decode_group_change_ahead), not yet measured.
-  bool group_change_ahead = false;
   // Split-K sums reduced inside a thread-block cluster (the k_splits blocks of a row range exchange their
   // partial sums through distributed shared memory; Hopper and later, k_splits <= 16, tensor-core kernel)
   // instead of through L2 with an arrival counter. The same sums in the same order: bitwise the same y.
