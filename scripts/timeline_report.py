@@ -18,6 +18,8 @@ Columns (us, relative to the end of the kernel before, "prev end" = the last blo
   epilogue   end - loop (split-K reduction, the residual add)
   GB/s       the launch's weight bytes (2 KB a block step) over its share ("end")
 RMSNorm GEMVs (q/k/v, gate/up): a line below the table gives when the median block had its sum of squares.
+GEMVs: a line gives how long a block takes to issue its loads, prefetches and copies before its wait (t5 from
+its start: median and slowest block) and how long the first block past the wait waited after that.
 Attention: "staged" = queries rotated and the token's key and value stored, "loop" = the first chunks in
 shared memory; a line below the table gives its later stamps.
 A layer's bins (--layer-bins) show the weight bytes streamed per bin, each block's bytes spread evenly over its
@@ -63,6 +65,11 @@ def stat(launch, prev_end):
         "abs_end": max(t(b, "end") for b in bl if b["end"] >= 0),
     }
     out["epilogue"] = out["end"] - out["loop"]
+    # GEMVs' t5: the block's loads issued, just before its wait (relative to the block's start).
+    if launch["kind"] != 0x100 and working and all(b["extra"][1] >= 0 for b in working):
+        first = min(working, key=lambda b: b["wait"] + b["t0"])
+        out["issue"] = [statistics.median(b["extra"][1] for b in working), max(b["extra"][1] for b in working),
+                        first["wait"] - first["extra"][1]]
     # Attention's finer stamps (timeline.h: t4 scores, t5 values, t6 rounds, t7 merged), medians.
     if working and all(b["extra"][0] >= 0 for b in working):
         out["extra"] = [statistics.median(b["t0"] + b["extra"][k] for b in working) - prev_end if b_ok else -1
@@ -137,7 +144,7 @@ def main(argv):
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         total = 0.0
         for role, stats in roles.items():
-            m = {k: med([s[k] for s in stats]) for k in stats[0] if k != "extra"}
+            m = {k: med([s[k] for s in stats]) for k in stats[0] if k not in ("extra", "issue")}
             if role in LAYER_ROLES:
                 total += m["end"]
             blocks = f"{m['working']:.0f}/{m['blocks']:.0f}" if m["working"] != m["blocks"] else f"{m['blocks']:.0f}"
@@ -150,6 +157,12 @@ def main(argv):
                  if role in roles and all("extra" in s_ for s_ in roles[role])]
         if norms:
             print("RMSNorm inputs, median block's sum of squares done (x read and reduced) after the kernel before: " + ", ".join(norms) + " us")
+        issue = [f"{role} {med([s_['issue'][0] for s_ in roles[role]]):.2f} / {med([s_['issue'][1] for s_ in roles[role]]):.2f} / "
+                 f"{med([s_['issue'][2] for s_ in roles[role]]):.2f}" for role in LAYER_ROLES
+                 if role in roles and all("issue" in s_ for s_ in roles[role])]
+        if issue:
+            print("GEMV blocks' loads issued before the wait (t5 - start: median / slowest block; the first block past the wait "
+                  "waited after it): " + ", ".join(issue) + " us")
         att = [s_["extra"] for s_ in roles.get("attention", []) if "extra" in s_]
         if att:
             e = [med([x[k] for x in att]) for k in range(4)]

@@ -660,6 +660,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   }
 
   // Everything above reads only weights; x is the previous kernel's output.
+  stamp(5);  // every load, prefetch and copy above issued
   wait_for_previous_kernel();
   stamp(1);
   float4* x_cache = nullptr;

@@ -12,7 +12,8 @@
 // packed words the block reads: 2 KB of weights a step over its 128 rows), t0 (low 32 bits of %globaltimer
 // at the block's start), then t1..t8 - t0 in ns: t1 after the wait for the previous kernel, t2 after the
 // input is staged, t3 after the main loop, t8 at the end (a split-K reduction included); RMSNorm GEMVs also t4
-// after the sum of squares (x read, reduced over the block); t4..t7 for
+// after the sum of squares (x read, reduced over the block); every GEMV t5 just before its wait (its weight
+// loads, L2 prefetches and copies issued: session 17); t4..t7 for
 // attention, whose t2 is "queries rotated, the token's key and value stored", t3 "the first round's KV chunks
 // in shared memory", t4 "its scores and softmax done", t5 "its values summed", t6 "all rounds done", t7 "slots
 // merged and written"; 0xFFFFFFFF for a point a block did not reach (attention blocks past the sequence return
