@@ -51,6 +51,8 @@
 //                     (0: the planner's; CudaModelOptions::decode_splits), e.g. fused-splits-0-4-0-0
 //   unfused-nograph, fused-nograph: launched kernel by kernel
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
+//   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
+//                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
 // decode GEMV and attention launch runs its instrumented build (the t/s columns then include that cost), and
 // after each variant's measurements records 3 single decode steps (positions 40, 41, 42 after a reset) into FILE
@@ -224,6 +226,15 @@ std::string without_probe(const std::string& variant, uint32_t* probe) {
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
   std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
+  // "-ctxN": a KV cache of N positions (CudaModelOptions::context_length; default 4096). The fused attention
+  // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
+  // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
+  if (const size_t at = base.find("-ctx"); at != std::string::npos) {
+    const std::string digits = base.substr(at + 4);
+    if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+    o.context_length = std::stoll(digits);
+    base = base.substr(0, at);
+  }
   // "fused-ordered...": the same variant with split-K sums in a fixed order (CudaModelOptions::decode_atomic_reduce
   // off: the same bits on every run).
   if (base.rfind("fused-ordered", 0) == 0) {
@@ -678,7 +689,7 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
               o.prompt);
   for (const std::string& variant : o.variants) {
     CudaModelOptions options;
-    options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);
+    options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);  // or the variant's -ctxN
     options.warm_up = false;  // "upload s" is the upload; rep -1 below warms up
     options.time_steps = true;  // "GPU ms/token": the steps' GPU time, the rest of ms/token is the host's
     const std::string base_variant = without_probe(variant, &timeline_ring.probe);

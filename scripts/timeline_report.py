@@ -22,8 +22,9 @@ GEMVs: a line gives how long a block takes to issue its loads, prefetches and co
 its start: median and slowest block) and how long the first block past the wait waited after that.
 Attention: "staged" = queries rotated and the token's key and value stored, "loop" = the first chunks in
 shared memory; a line below the table gives its later stamps.
-A layer's bins (--layer-bins) show the weight bytes streamed per bin, each block's bytes spread evenly over its
-start .. loop end: where the memory idles.
+A layer's bins (--layer-bins) show the weight bytes streamed per bin: where the memory idles. With t5 stamps
+(session 17) a block's first min(steps, 16) steps, asked for before its wait, are spread over its start .. t5 +
+1 us and the rest over its main loop; without them each block's bytes are spread over its start .. loop end.
 """
 import csv
 import statistics
@@ -172,18 +173,34 @@ def main(argv):
             t_begin, t_end, ls = sample_layer[key]
             width = (t_end - t_begin) / bins
             streamed = [0.0] * bins
+
+            def spread(a, z, nbytes):
+                rate = nbytes / max(z - a, 1e-3)  # bytes per us
+                for i in range(bins):
+                    lo, hi = t_begin + i * width, t_begin + (i + 1) * width
+                    streamed[i] += rate * max(0.0, min(hi, z) - max(lo, a))
+
+            with_t5 = all(b["extra"][1] >= 0 for l in ls for b in l["blocks"] if b["loop"] >= 0 and b["steps"] > 0)
             for l in ls:
                 for b in l["blocks"]:
                     if b["loop"] < 0 or b["steps"] == 0:
                         continue
-                    a, z = b["t0"], b["t0"] + b["loop"]
-                    rate = b["steps"] * 2048.0 / max(z - a, 1e-3)  # bytes per us
-                    for i in range(bins):
-                        lo, hi = t_begin + i * width, t_begin + (i + 1) * width
-                        overlap = max(0.0, min(hi, z) - max(lo, a))
-                        streamed[i] += rate * overlap
-            print(f"\none layer's weight stream, {bins} bins of {width:.2f} us (GB/s, blocks' bytes spread over start .. loop end):")
+                    if with_t5:
+                        # The first min(steps, 16) steps (register batches and the 16-step L2 prefetch) are asked
+                        # for before the wait: spread from the block's start to 1 us after it issued them (t5);
+                        # the rest over its main loop (staged .. loop end).
+                        early = min(b["steps"], 16)
+                        spread(b["t0"], b["t0"] + b["extra"][1] + 1.0, early * 2048.0)
+                        if b["steps"] > early:
+                            spread(b["t0"] + b["staged"], b["t0"] + b["loop"], (b["steps"] - early) * 2048.0)
+                    else:
+                        spread(b["t0"], b["t0"] + b["loop"], b["steps"] * 2048.0)
+            how = ("the pre-wait steps over start .. t5 + 1 us, the rest over staged .. loop end" if with_t5
+                   else "blocks' bytes spread over start .. loop end")
+            print(f"\none layer's weight stream, {bins} bins of {width:.2f} us (GB/s, {how}):")
             print(" ".join(f"{s / width / 1e3:.0f}" for s in streamed))
+            idle = sum(1 for s in streamed if s / width / 1e3 < 1000)
+            print(f"bins under 1 TB/s: {idle} of {bins} ({100.0 * idle / bins:.0f}% of the layer)")
             marks = []
             for k, l in enumerate(ls):
                 marks.append(f"{LAYER_ROLES[k]} ends {(l['stat']['abs_end'] - t_begin):.1f}")
