@@ -53,6 +53,8 @@
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
+//   any of them with "-attnbN" (before "-ctxN"): the fused attention kernel in at most N blocks a KV head
+//                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
 // decode GEMV and attention launch runs its instrumented build (the t/s columns then include that cost), and
 // after each variant's measurements records 3 single decode steps (positions 40, 41, 42 after a reset) into FILE
@@ -233,6 +235,13 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     const std::string digits = base.substr(at + 4);
     if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
     o.context_length = std::stoll(digits);
+    base = base.substr(0, at);
+  }
+  // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
+  if (const size_t at = base.find("-attnb"); at != std::string::npos) {
+    const std::string digits = base.substr(at + 6);
+    if (digits.empty() || digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+    o.decode_attention_blocks = std::stoll(digits);
     base = base.substr(0, at);
   }
   // "fused-ordered...": the same variant with split-K sums in a fixed order (CudaModelOptions::decode_atomic_reduce

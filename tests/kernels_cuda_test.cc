@@ -1189,7 +1189,7 @@ TEST(KernelsCuda, ResidentGemvChainsGiveTheBitsOfGroupedLaunches) {
 TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   std::mt19937 rng(34);
-  struct Case { int64_t n_heads, n_kv_heads, head_dim, position, context, split; };
+  struct Case { int64_t n_heads, n_kv_heads, head_dim, position, context, split, max_blocks = 0; };
   RopeConfig rope_config;
   rope_config.theta = 500000.0;
   double worst = 0;
@@ -1198,11 +1198,15 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
                         Case{6, 6, 16, 128, 256, 32}, Case{64, 1, 64, 49, 64, 0}, Case{2, 2, 256, 32, 33, 7},
                         Case{8, 2, 30, 4, 5, 1}, Case{3, 1, 2, 9, 16, 4}, Case{32, 8, 128, 4095, 4096, 0},
                         // past 4 chunk slots x 32 blocks: several rounds of chunks a block, two stage buffers
-                        Case{8, 2, 64, 9000, 10000, 0}, Case{4, 2, 128, 5000, 5001, 0}}) {
+                        Case{8, 2, 64, 9000, 10000, 0}, Case{4, 2, 128, 5000, 5001, 0},
+                        // a capped grid (DecodeAttentionShape::fused_max_blocks): more chunks and rounds a block
+                        Case{32, 8, 128, 1000, 4096, 0, 1}, Case{32, 8, 128, 4095, 4096, 0, 2},
+                        Case{32, 8, 128, 100, 4096, 0, 4}, Case{8, 2, 64, 9000, 10000, 0, 3}}) {
     for (bool overlap : {false, true}) {
       SCOPED_TRACE(std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " heads of " +
                    std::to_string(c.head_dim) + " at position " + std::to_string(c.position) + " of " +
-                   std::to_string(c.context) + ", split " + std::to_string(c.split) + (overlap ? ", overlapped" : ""));
+                   std::to_string(c.context) + ", split " + std::to_string(c.split) + ", at most " +
+                   std::to_string(c.max_blocks) + " blocks" + (overlap ? ", overlapped" : ""));
       const int64_t kv_dim = c.n_kv_heads * c.head_dim;
       const std::vector<float> q = random_floats(rng, c.n_heads * c.head_dim, 0.5f), k = random_floats(rng, kv_dim, 0.5f),
                                v = random_floats(rng, kv_dim);
@@ -1221,7 +1225,7 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
                          values_dev = to_device(values.bytes.data(), values.bytes.size());
       const int32_t position = static_cast<int32_t>(c.position);
       cuda::DeviceBuffer pos_dev = to_device(&position, 4);
-      const cuda::DecodeAttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, c.context, c.split};
+      const cuda::DecodeAttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, c.context, c.split, c.max_blocks};
       auto workspace = cuda::DeviceBuffer::allocate(cuda::decode_attention_workspace_floats(shape) * 4);
       auto counters = cuda::DeviceBuffer::allocate(c.n_kv_heads * 4);
       auto out = cuda::DeviceBuffer::allocate(q.size() * 4);

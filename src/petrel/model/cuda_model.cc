@@ -263,6 +263,7 @@ struct CudaModel::State {
     s.head_dim = config.head_dim;
     s.context_length = options.context_length;
     s.split_positions = options.attention_split;
+    s.fused_max_blocks = options.decode_attention_blocks;
     return s;
   }
 

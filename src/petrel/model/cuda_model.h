@@ -106,6 +106,10 @@ struct CudaModelOptions {
   // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;
+  // The fused decode attention's blocks per KV head at most (cuda::DecodeAttentionShape::fused_max_blocks; 0:
+  // one per 32 positions of the cache, at most 32). Session 17: at a 4,096-position cache its 256 blocks must
+  // all start before o can launch, which keeps o's weight loads out of q/k/v's post-release time.
+  int64_t decode_attention_blocks = 0;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the

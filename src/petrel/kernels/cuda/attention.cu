@@ -622,9 +622,11 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
   }
 }
 
-// Blocks per KV head of the fused kernel for a cache of context_length positions.
-int fused_blocks(int64_t context_length) {
-  return static_cast<int>(std::clamp<int64_t>((context_length + kChunk - 1) / kChunk, 1, kMaxRopeBlocks));
+// Blocks per KV head of the fused kernel for a cache of context_length positions, at most `max_blocks` (0: no
+// cap beyond kMaxRopeBlocks).
+int fused_blocks(int64_t context_length, int64_t max_blocks = 0) {
+  const int64_t cap = max_blocks > 0 ? std::min<int64_t>(max_blocks, kMaxRopeBlocks) : kMaxRopeBlocks;
+  return static_cast<int>(std::clamp<int64_t>((context_length + kChunk - 1) / kChunk, 1, cap));
 }
 
 // The split of the two-launch path actually used: the requested one, bounded so that the scores fit in shared
@@ -656,7 +658,8 @@ int64_t decode_attention_split(int64_t context_length) {
 
 int64_t decode_attention_workspace_floats(const DecodeAttentionShape& shape) {
   // Per split (two launches) or per block (fused) and query head: head_dim sums, the max and the sum.
-  return std::max<int64_t>(n_splits(shape), fused_blocks(shape.context_length)) * shape.n_heads * (shape.head_dim + 2);
+  return std::max<int64_t>(n_splits(shape), fused_blocks(shape.context_length, shape.fused_max_blocks)) * shape.n_heads *
+         (shape.head_dim + 2);
 }
 
 Status decode_attention(const float* q, const uint16_t* key_cache, const uint16_t* value_cache, const int32_t* position,
@@ -726,16 +729,16 @@ int64_t opt_in_shared_bytes() {
 // Chunk slots and stage buffers of the fused kernel: 4 slots (16 warps: a block takes 4 chunks of 32 positions
 // at once and merges them in shared memory; at tg128's lengths one block per KV head, no combine through L2),
 // with a second stage buffer per slot only where a block can have more than one round of chunks (a context
-// past 4 x 32 x kMaxRopeBlocks positions); fewer slots where the context has fewer chunks (a short prompt's
+// past 4 x 32 x `blocks` positions, blocks per KV head); fewer slots where the context has fewer chunks (a short prompt's
 // attention: one) or shared memory is short. {0, 0}: nothing fits.
 // Measured (8B tg128 on an H200, 2026-12-04): 4 slots against the one-slot kernel, 501.5 / 505.4 -> 514.6 /
 // 514.7 tok/s per channel, 459.7 / 463.6 -> 469.0 / 472.0 at group 128 (docs/PERFORMANCE.md, session 13).
 struct RopeConfig {
   int slots = 0, stages = 0;
 };
-RopeConfig rope_config(int64_t group, int64_t head_dim, int64_t context_length) {
+RopeConfig rope_config(int64_t group, int64_t head_dim, int64_t context_length, int64_t blocks) {
   const int64_t limit = opt_in_shared_bytes();
-  const bool long_context = context_length > int64_t{kMaxRopeSlots} * kChunk * kMaxRopeBlocks;
+  const bool long_context = context_length > int64_t{kMaxRopeSlots} * kChunk * blocks;
   const int64_t chunks = (context_length + kChunk - 1) / kChunk;
   const int wanted = chunks >= 3 ? kMaxRopeSlots : chunks == 2 ? 2 : 1;  // 3 chunks take 4 slots
   for (int slots : {kMaxRopeSlots, 2, 1}) {
@@ -788,12 +791,12 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
                             std::to_string(kMaxHeadDim));
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  const RopeConfig config = rope_config(group, shape.head_dim, shape.context_length);
+  const int blocks = fused_blocks(shape.context_length, shape.fused_max_blocks);
+  const RopeConfig config = rope_config(group, shape.head_dim, shape.context_length, blocks);
   if (config.slots == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (!q || !k || !v || !inv_freq || !position || !key_cache || !value_cache || !workspace || !counters || !out) {
     return invalid_argument(what + ": null device pointer");
   }
-  const int blocks = fused_blocks(shape.context_length);
   const int64_t n_blocks_all = std::max<int64_t>(n_splits(shape), blocks);  // the workspace's layout
   float* partial_out = workspace;
   float* partial_max = partial_out + n_blocks_all * shape.n_heads * shape.head_dim;
@@ -846,7 +849,7 @@ Status prefill_attention_short(const float* q, const uint16_t* key_cache, const 
                             std::to_string(kMaxHeadDim) + " and 1 to 65535 tokens");
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  const RopeConfig config = rope_config(group, shape.head_dim, start + n_tokens);
+  const RopeConfig config = rope_config(group, shape.head_dim, start + n_tokens, kMaxRopeBlocks);
   if (config.slots == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (!q || !key_cache || !value_cache || !out) return invalid_argument(what + ": null device pointer");
   // Cast away const only to share the argument block: the prefill kernel writes nothing but `out`.

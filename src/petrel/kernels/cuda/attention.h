@@ -16,6 +16,10 @@ struct DecodeAttentionShape {
   int64_t head_dim = 0;    // at most kMaxHeadDim
   int64_t context_length = 0;  // rows of the cache; bounds the number of splits
   int64_t split_positions = 0;  // KV positions per block; 0: decode_attention_split(context_length)
+  // decode_attention_rope: blocks per KV head at most (each block then works through more chunks of 32
+  // positions); 0: one per 32 positions of the cache, at most 32. Its grid is fixed by the cache, not by the
+  // position, and the next kernel of the token generator launches only once every block of it has started.
+  int64_t fused_max_blocks = 0;
 };
 
 inline constexpr int64_t kMaxHeadDim = 256;
