@@ -23,7 +23,7 @@
 // partial, combine), laid out for latency, since at the lengths the token generator runs at the KV cache is
 // small next to the weights (Llama-3.1-8B, 128 positions: 256 KB a layer against 120 MB of W4 weights) and
 // what costs is the chain of dependent memory round trips in a block. Block (kv_head, y), y < n_blocks =
-// min(ceil(context_length / 32), 32), of `slots` quads of warps (4 where the context has 3 or more chunks: 512
+// min(ceil(context_length / 32), 32, DecodeAttentionShape::fused_max_blocks if set), of `slots` quads of warps (4 where the context has 3 or more chunks: 512
 // threads); the n = *position + 1 positions are cut on the device into chunks of 32 and each block takes an
 // equal run of whole chunks, at least `slots` of them (so at tg128's lengths, up to 128 positions, one block
 // per KV head does everything and the others return at once). Slot s takes the block's chunks s, s + slots, ...
