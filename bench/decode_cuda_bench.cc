@@ -213,16 +213,24 @@ struct Options {
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
 
+// A suffix `tag` + N (1 to max_digits decimal digits) that ends `name`: N into *value and the suffix cut off.
+// false (name unchanged) where the last `tag` is not followed by digits alone.
+bool take_number_suffix(std::string& name, const std::string& tag, size_t max_digits, int64_t* value) {
+  const size_t at = name.rfind(tag);
+  if (at == std::string::npos) return false;
+  const std::string digits = name.substr(at + tag.size());
+  if (digits.empty() || digits.size() > max_digits || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  *value = std::stoll(digits);
+  name.resize(at);
+  return true;
+}
+
 // "...-probeN" (with --timeline): the variant without the suffix, and N (the timeline's diagnostic kernel
 // variants, TimelineRing::probe) in *probe (0 without the suffix).
-std::string without_probe(const std::string& variant, uint32_t* probe) {
-  *probe = 0;
-  const size_t at = variant.find("-probe");
-  if (at == std::string::npos) return variant;
-  const std::string digits = variant.substr(at + 6);
-  if (digits.empty() || digits.size() > 4 || digits.find_first_not_of("0123456789") != std::string::npos) return variant;
-  *probe = static_cast<uint32_t>(std::stoul(digits));
-  return variant.substr(0, at);
+std::string without_probe(std::string variant, uint32_t* probe) {
+  int64_t n = 0;
+  *probe = take_number_suffix(variant, "-probe", 4, &n) ? static_cast<uint32_t>(n) : 0u;
+  return variant;
 }
 
 bool variant_options(const std::string& name, CudaModelOptions& o) {
@@ -231,32 +239,17 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // "-ctxN": a KV cache of N positions (CudaModelOptions::context_length; default 4096). The fused attention
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
-  if (const size_t at = base.find("-ctx"); at != std::string::npos) {
-    const std::string digits = base.substr(at + 4);
-    if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
-    o.context_length = std::stoll(digits);
-    base = base.substr(0, at);
-  }
+  take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
-  if (const size_t at = base.find("-attnb"); at != std::string::npos) {
-    const std::string digits = base.substr(at + 6);
-    if (digits.empty() || digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
-    o.decode_attention_blocks = std::stoll(digits);
-    base = base.substr(0, at);
-  }
+  take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);
   // "fused-ordered...": the same variant with split-K sums in a fixed order (CudaModelOptions::decode_atomic_reduce
   // off: the same bits on every run).
   if (base.rfind("fused-ordered", 0) == 0) {
     o.decode_atomic_reduce = false;
     base = "fused" + base.substr(13);
   }
-  // "-splitN": N KV positions per attention block (CudaModelOptions::attention_split).
-  if (const size_t at = base.find("-split"); at != std::string::npos && base.compare(at, 7, "-splits") != 0) {
-    const std::string digits = base.substr(at + 6);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return false;
-    o.attention_split = std::stoll(digits);
-    base = base.substr(0, at);
-  }
+  // "-splitN": N KV positions per attention block (CudaModelOptions::attention_split; "fused-splits-..." is not it).
+  take_number_suffix(base, "-split", 9, &o.attention_split);
   // "fused-splits-Q-O-G-D": the fused step with q/k/v, o, gate/up and down cut into Q, O, G, D input slices
   // (0: the planner's choice; CudaModelOptions::decode_splits).
   if (base.rfind("fused-splits-", 0) == 0) {

@@ -646,10 +646,8 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
         fusion.up = up_dev.as<float>();
         const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
         for (int k_splits : {0, 1, std::min(steps, 3)}) {
-          std::vector<std::vector<float>> without_overlap;  // mode 0's outputs: the other modes' bits
-          // Modes: no overlap; overlap (the same bits).
-          for (int mode = 0; mode < 2; ++mode) {
-            const bool overlap = mode > 0;
+          std::vector<std::vector<float>> without_overlap;  // the bits the overlapped launch must give too
+          for (bool overlap : {false, true}) {
             SCOPED_TRACE(std::to_string(c.bits) + "-bit, " + std::to_string(c.rows.size()) + " matrices of " +
                          std::to_string(c.cols) + " cols, group " + std::to_string(c.group) + ", " + input_name(input) +
                          " " + std::string(dtype_name(norm_dtype)) + ", k_splits " + std::to_string(k_splits) +
@@ -675,7 +673,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
                 else EXPECT_EQ(got, first[i]) << "not reproducible, matrix " << i;
               }
             }
-            if (mode == 0) without_overlap = first;
+            if (!overlap) without_overlap = first;
             else EXPECT_EQ(first, without_overlap) << "overlap changed the bits";
           }
         }

@@ -23,12 +23,13 @@
 // partial, combine), laid out for latency, since at the lengths the token generator runs at the KV cache is
 // small next to the weights (Llama-3.1-8B, 128 positions: 256 KB a layer against 120 MB of W4 weights) and
 // what costs is the chain of dependent memory round trips in a block. Block (kv_head, y), y < n_blocks =
-// min(ceil(context_length / 32), 32, DecodeAttentionShape::fused_max_blocks if set), of `slots` quads of warps (4 where the context has 3 or more chunks: 512
-// threads); the n = *position + 1 positions are cut on the device into chunks of 32 and each block takes an
-// equal run of whole chunks, at least `slots` of them (so at tg128's lengths, up to 128 positions, one block
-// per KV head does everything and the others return at once). Slot s takes the block's chunks s, s + slots, ...
-// (one "round" of chunks at a time, all slots in parallel), and the slots' softmax states are merged in shared
-// memory at the end: more warps on the latency chain of a chunk, and no combine through L2 below 129 positions.
+// min(ceil(context_length / 32), 32, DecodeAttentionShape::fused_max_blocks if set), of `slots` quads of
+// warps (4 where the context has 3 or more chunks: 512 threads); the n = *position + 1 positions are cut on the
+// device into chunks of 32 and each block takes an equal run of whole chunks, at least `slots` of them (so at
+// tg128's lengths, up to 128 positions, one block per KV head does everything and the others return at once).
+// Slot s takes the block's chunks s, s + slots, ... (one "round" of chunks at a time, all slots in parallel), and
+// the slots' softmax states are merged in shared memory at the end: more warps on the latency chain of a chunk,
+// and no combine through L2 below 129 positions.
 //  - First, before it waits for the projections (programmatic dependent launch, programmatic_launch.cuh), a
 //    block copies its first one or two rounds of keys and values into shared memory with cp.async (8 16-byte
 //    copies a thread, all in flight together; rows written by earlier steps, never the previous kernel) and
@@ -624,7 +625,7 @@ __global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kerne
 
 // Blocks per KV head of the fused kernel for a cache of context_length positions, at most `max_blocks` (0: no
 // cap beyond kMaxRopeBlocks).
-int fused_blocks(int64_t context_length, int64_t max_blocks = 0) {
+int fused_blocks(int64_t context_length, int64_t max_blocks) {
   const int64_t cap = max_blocks > 0 ? std::min<int64_t>(max_blocks, kMaxRopeBlocks) : kMaxRopeBlocks;
   return static_cast<int>(std::clamp<int64_t>((context_length + kChunk - 1) / kChunk, 1, cap));
 }
@@ -729,8 +730,8 @@ int64_t opt_in_shared_bytes() {
 // Chunk slots and stage buffers of the fused kernel: 4 slots (16 warps: a block takes 4 chunks of 32 positions
 // at once and merges them in shared memory; at tg128's lengths one block per KV head, no combine through L2),
 // with a second stage buffer per slot only where a block can have more than one round of chunks (a context
-// past 4 x 32 x `blocks` positions, blocks per KV head); fewer slots where the context has fewer chunks (a short prompt's
-// attention: one) or shared memory is short. {0, 0}: nothing fits.
+// past 4 x 32 x `blocks` positions, blocks per KV head); fewer slots where the context has fewer chunks (a short
+// prompt's attention: one) or shared memory is short. {0, 0}: nothing fits.
 // Measured (8B tg128 on an H200, 2026-12-04): 4 slots against the one-slot kernel, 501.5 / 505.4 -> 514.6 /
 // 514.7 tok/s per channel, 459.7 / 463.6 -> 469.0 / 472.0 at group 128 (docs/PERFORMANCE.md, session 13).
 struct RopeConfig {
