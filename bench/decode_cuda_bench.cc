@@ -6,12 +6,14 @@
 // `petrel run` samples from) and with no LM head at all (decode without logits): where the host's share goes.
 //
 //   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
-//                            [--reps N] [-n N] [--prompt N] [--kernels] [--variants unfused,fused-serial,...]
-//                            [--timeline FILE]
+//                            [--reps N] [-n N] [--prompt N] [--depth N] [--kernels]
+//                            [--variants unfused,fused-serial,...] [--timeline FILE]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
 // speed does not depend on the values, and no 16 GB float checkpoint has to be written and quantized first.
+// --depth N (llama-bench's "tg128 @ dN"): every timed run of decode steps starts after an untimed prompt of N
+// tokens, so that attention reads an N-position cache (give the variant a cache that holds it, e.g. fused-ctx8192).
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
 // counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
@@ -55,6 +57,8 @@
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 //   any of them with "-attnbN" (before "-ctxN"): the fused attention kernel in at most N blocks a KV head
 //                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
+//   any of them with "-attnfp32" (before "-attnbN"): the fused attention kernel's float32 build instead of its
+//                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
 // decode GEMV and attention launch runs its instrumented build (the t/s columns then include that cost), and
 // after each variant's measurements records 3 single decode steps (positions 40, 41, 42 after a reset) into FILE
@@ -208,6 +212,7 @@ struct Options {
   int reps = 3;
   int n_gen = 128;
   int prompt = 29;
+  int depth = 0;
   bool kernels = false;
   std::string timeline;  // CSV path, or empty
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
@@ -242,6 +247,12 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
   take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);
+  // "-attnfp32": the fused attention kernel's float32 build, not the tensor-core one
+  // (CudaModelOptions::decode_attention_tensor_cores off).
+  if (const size_t at = base.rfind("-attnfp32"); at != std::string::npos && at + 9 == base.size()) {
+    o.decode_attention_tensor_cores = false;
+    base.resize(at);
+  }
   // "fused-ordered...": the same variant with split-K sums in a fixed order (CudaModelOptions::decode_atomic_reduce
   // off: the same bits on every run).
   if (base.rfind("fused-ordered", 0) == 0) {
@@ -707,10 +718,15 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     const std::string label = variant + (options.resident_step && !(*gpu)->resident_step() ? " (not resident: shapes or GPU)" : "");
     std::vector<float> logits;
     // Mean tokens per second over the reps of n_gen steps, each step through `one` (token id, step index).
+    std::vector<int32_t> depth_tokens(o.depth);
+    for (int i = 0; i < o.depth; ++i) depth_tokens[i] = static_cast<int32_t>((i * 7919 + 5) % c.vocab_size);
     auto tg_rate = [&](const std::function<void(int32_t)>& one) {
       std::vector<double> rates;
       for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up (graph capture, first touches)
         (*gpu)->reset();
+        if (o.depth > 0) {
+          check((*gpu)->forward(depth_tokens, LogitsMode::kLast, &logits), "--depth prompt");
+        }
         const auto start = std::chrono::steady_clock::now();
         for (int t = 0; t < o.n_gen; ++t) one(static_cast<int32_t>((t * 7919 + 1) % c.vocab_size));
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -777,7 +793,8 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
       std::snprintf(buf, sizeof buf, "%.2f | %.2f | %.2f", all_logits, top_only, after_idle);
       prompt_ms = buf;
     }
-    std::printf("| %s | tg%d | %.2f | %.1f | %.3f | %.0f | %.0f%% | %.1f | %.1f | %.1f | %.3f | %s |\n", label.c_str(), o.n_gen,
+    const std::string test = "tg" + std::to_string(o.n_gen) + (o.depth > 0 ? " @ d" + std::to_string(o.depth) : "");
+    std::printf("| %s | %s | %.2f | %.1f | %.3f | %.0f | %.0f%% | %.1f | %.1f | %.1f | %.3f | %s |\n", label.c_str(), test.c_str(),
                 upload_s, mean, 1e3 / mean, gbs, 100.0 * gbs / copy_gbs, vector_rate, top_rate, none_rate, median(device_ms),
                 prompt_ms.c_str());
     std::fflush(stdout);
@@ -806,12 +823,13 @@ int main(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::stoi(value());
     else if (a == "-n") o.n_gen = std::stoi(value());
     else if (a == "--prompt") o.prompt = std::stoi(value());
+    else if (a == "--depth") o.depth = std::stoi(value());
     else if (a == "--kernels") o.kernels = true;
     else if (a == "--variants") o.variants = split_list(value());
     else if (a == "--timeline") o.timeline = value();
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
-                           "[--reps N] [-n N] [--prompt N] [--kernels] [--variants LIST] [--timeline FILE]\n");
+                           "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE]\n");
       return 2;
     }
   }

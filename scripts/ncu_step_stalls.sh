@@ -3,7 +3,7 @@
 # launch per token, its kernels overlapped through programmatic dependent launch), not kernel by kernel:
 # Nsight Compute's graph-level profiling (`--graph-profiling graph`) sums each metric over every kernel of one
 # graph launch. Run tool: `bash scripts/ncu_step_stalls.sh`, carry [".gl"], after `scripts/cuda_pack.sh build`.
-# GROUPS (default "-1 128") picks the formats, VARIANT (default fused) the step.
+# FORMATS (default "-1 128"; not GROUPS, which bash sets) picks the formats, VARIANT (default fused) the step.
 #
 # What it answers (docs/PERFORMANCE.md, session 17): the step moves exactly its weight bytes (DRAM read 4.02 GB
 # a token) yet idles the memory ~44% of the time, and its phases are latency chains. The stall reasons say
@@ -26,7 +26,7 @@ for s in no_instruction imc_miss long_scoreboard short_scoreboard wait math_pipe
   stalls="$stalls,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio"
 done
 metrics="gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum,smsp__cycles_active.avg,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__average_warp_latency_per_inst_issued.ratio$stalls"
-for g in ${GROUPS:--1 128}; do
+for g in ${FORMATS:--1 128}; do
   # --launch-skip passes the random weights' build kernels (a few hundred) and lands on the bench's graph launches.
   timeout 240 "$NCU" --graph-profiling graph --cache-control none --clock-control none --launch-skip 400 --launch-count 1 \
     --metrics "$metrics" /tmp/pkg/bin/petrel_bench_decode_cuda --preset llama-3.1-8b --group "$g" --reps 1 -n 32 \

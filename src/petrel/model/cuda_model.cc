@@ -264,6 +264,7 @@ struct CudaModel::State {
     s.context_length = options.context_length;
     s.split_positions = options.attention_split;
     s.fused_max_blocks = options.decode_attention_blocks;
+    s.tensor_cores = options.decode_attention_tensor_cores;
     return s;
   }
 

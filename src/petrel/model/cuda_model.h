@@ -110,6 +110,9 @@ struct CudaModelOptions {
   // one per 32 positions of the cache, at most 32). Session 17: at a 4,096-position cache its 256 blocks must
   // all start before o can launch, which keeps o's weight loads out of q/k/v's post-release time.
   int64_t decode_attention_blocks = 0;
+  // The fused decode attention's scores and value sums on tensor cores (cuda::DecodeAttentionShape::tensor_cores;
+  // q and the probabilities in fp16); false: the float32 build.
+  bool decode_attention_tensor_cores = true;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the

@@ -43,6 +43,16 @@
 //    weight shuffled from lane u). A head's running state stays in registers within a chunk and in shared
 //    memory between chunks; the next round's copies are in flight meanwhile (two stage buffers a slot where a
 //    block can have several rounds, past 4,096 positions of context, and shared memory allows; else one).
+//  - The tensor-core build (the default for decode where head_dim is 32, 64 or 128 and a KV head has at most 16
+//    query heads; DecodeAttentionShape::tensor_cores, chunks_with_mma): a slot is one warp (blocks of 32 x slots
+//    threads), which scores its chunk for all the group's heads at once with mma.sync (the heads are the M rows,
+//    32 positions four N tiles, head_dim the K steps), keeps their online softmax in the accumulators' layout and
+//    weighs the values with mma.sync too (the probabilities' fp16 accumulator tiles are the A fragments; values
+//    through ldmatrix.trans), its state in registers across its chunks. q and the probabilities are rounded to
+//    fp16 (relative error ~2e-4 against ~2e-6 for the float32 build). Against the float32 build (Llama-3.1-8B,
+//    H200, 2026-12-04, docs/PERFORMANCE.md session 18): tg64 after an 8,000-token prompt 368 -> 392 tok/s, after
+//    2,000 488 -> 519; tg128 from an empty cache the same per channel, +0.3% at group 128 (the attention
+//    kernel's share of a layer 6.9 -> 6.4 us, absorbed by the GEMVs around it).
 //  - Then the slots' states are merged per head (M = max m_s, l = sum l_s e^(m_s - M), the values likewise),
 //    and written as the output (one block) or as the block's partials.
 //  - Behind, the last block of each KV head to arrive (an atomic counter per KV head, reset by that block;
@@ -65,6 +75,7 @@
 #include "petrel/kernels/cuda/async_copy.cuh"
 #include "petrel/kernels/cuda/attention.h"
 #include "petrel/kernels/cuda/cuda_check.h"
+#include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
 #include "petrel/kernels/cuda/rope_math.cuh"
 #include "petrel/kernels/cuda/timeline.cuh"
@@ -211,29 +222,52 @@ struct RopeAttentionArgs {
 constexpr int kChunk = 32;
 // Blocks per KV head at most: the combine gives each block's partials a lane.
 constexpr int kMaxRopeBlocks = 32;
-// Chunk slots of a block at most: kThreads threads (4 warps) per slot.
+// Chunk slots of a block at most: kThreads threads (4 warps) per slot, or one warp in the tensor-core build.
 constexpr int kMaxRopeSlots = 4;
+// The tensor-core build: query heads of a KV head at most (the M rows of the score and value products).
+constexpr int kMmaHeads = 16;
+
+// Four 8x8 fp16 matrices from shared memory: lane L gives the address of row L % 8 of matrix L / 8, register i
+// receives matrix i, thread t its elements (t / 4, 2 (t % 4) + {0, 1}); with .trans, (2 (t % 4) + {0, 1}, t / 4).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
 
 // The fused kernel's shared memory, in bytes from the start (each part 16-byte aligned): the rotated queries
 // of the group (float32), each slot's running softmax state of each head (values, max, sum), this token's key
 // and value (fp16, as stored), and `stages` x `slots` buffers of one chunk of keys (rows padded by 16 bytes, so
 // that the 8 lanes of a 16-byte shared load phase hit distinct banks) and values.
+// The tensor-core build (kMma, below) keeps the queries as fp16 rows of the A operand instead ([16][key_stride],
+// rows past the group zero) and pads the value rows as the key rows (ldmatrix.trans reads 8 rows at once).
 struct RopeSharedLayout {
-  int64_t q, acc, max_sum, token, stage, key_stride, stage_bytes, total;
+  int64_t q, acc, max_sum, token, stage, key_stride, value_stride, stage_bytes, total;
 };
 
 __host__ __device__ inline int64_t round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 __host__ __device__ inline RopeSharedLayout rope_shared_layout(int64_t group, int64_t head_dim, int64_t stages,
-                                                                int64_t slots) {
+                                                                int64_t slots, bool mma) {
   RopeSharedLayout l;
   l.key_stride = head_dim % 8 == 0 ? head_dim + 8 : head_dim + 2;  // halves
+  l.value_stride = mma ? l.key_stride : head_dim;
   l.q = 0;
-  l.acc = l.q + round16(group * head_dim * 4);                // [slots][group][head_dim]
+  l.acc = l.q + round16(mma ? kMmaHeads * l.key_stride * 2 : group * head_dim * 4);  // [slots][group][head_dim]
   l.max_sum = l.acc + round16(slots * group * head_dim * 4);  // [slots][2][group]
   l.token = l.max_sum + round16(slots * 2 * group * 4);
   l.stage = l.token + round16(2 * head_dim * 2);
-  l.stage_bytes = round16(kChunk * l.key_stride * 2) + round16(kChunk * head_dim * 2);  // buffer b of slot s: b * slots + s
+  l.stage_bytes = round16(kChunk * l.key_stride * 2) + round16(kChunk * l.value_stride * 2);  // buffer b of slot s: b * slots + s
   l.total = l.stage + stages * slots * l.stage_bytes;
   return l;
 }
@@ -274,13 +308,175 @@ __device__ __forceinline__ float key_dot(const float* q, const __half* key, int 
   return d0 + d1;
 }
 
+// The tensor-core build's chunks (attention_rope_block with kMma = head_dim): warp `slot` takes the block's chunks
+// slot, slot + slots, ... (one a round, staged as in the scalar build) and keeps one online softmax for all the
+// group's heads in registers, as mma.sync (m16n8k16, fp16 in, float32 sums) fragments:
+//  - scores S = Q K^T: M = the group's heads (rows past it are zeros), N = 8 positions a tile (4 tiles a chunk),
+//    K = head_dim in steps of 16; Q's A fragments are loaded once, K's B fragments with ldmatrix from the key rows
+//    (a position's row is a column of B, as stored);
+//  - softmax per head: thread t holds rows t / 4 and t / 4 + 8 of every tile, the row's max is reduced over the 4
+//    threads that share it (shuffles), each thread keeps its share of the sum until the end;
+//  - values O += P V: M = heads, N = 8 dims a tile (head_dim / 8 tiles), K = 16 positions; P's A fragments are
+//    the score tiles' accumulators rounded to fp16 (tiles 2t and 2t + 1 are k-step t: an accumulator's layout is
+//    an A fragment's), V's B fragments come from the value rows through ldmatrix.trans.
+// Numerics: q and the probabilities rounded to fp16 (keys and values are fp16 already), float32 sums: relative
+// error ~1e-4 against the float32 scalar build (tests/kernels_cuda_test.cc), as any fp16 tensor-core attention.
+// At the end each head's state (max, sum, values) goes to the slot's shared memory for the block's merge.
+template <int kMma, bool kTimeline, class StageChunk, class Stamp>
+__device__ __forceinline__ void chunks_with_mma(const RopeAttentionArgs& a, const RopeSharedLayout& layout,
+                                                char* shared_bytes, const __half* q_rows, const __half* token_key,
+                                                const __half* token_value, int rounds, int n_chunks, int64_t begin,
+                                                int64_t end, int64_t own_row, int slot, int lane, float* acc_state,
+                                                float* max_state, float* sum_state, StageChunk& stage_chunk, Stamp& stamp) {
+  constexpr int kSteps = kMma / 16;       // k-steps of the scores, pairs of value tiles
+  constexpr int kTiles = kMma / 8;        // value tiles of 8 dims
+  constexpr int kScoreTiles = kChunk / 8;  // score tiles of 8 positions
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  uint32_t qa[kSteps][4];
+  float o[kTiles][4];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows quad_row and quad_row + 8
+  for (int r = 0; r < rounds; ++r) {
+    if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
+    else cp_async_wait<0>();
+    __syncthreads();  // every thread's copies, the rotated queries and this token's row visible to the block
+    if (r == 0) {
+      stamp(3);
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        ldmatrix_x4(qa[ks], q_rows + (lane % 16) * layout.key_stride + 16 * ks + (lane / 16) * 8);
+      }
+    }
+    const int c = r * a.slots + slot;
+    char* stage = shared_bytes + layout.stage + ((r % a.stages) * a.slots + slot) * layout.stage_bytes;
+    __half* key_rows = reinterpret_cast<__half*>(stage);
+    __half* value_rows = reinterpret_cast<__half*>(stage + round16(kChunk * layout.key_stride * 2));
+    const int64_t c0 = begin + int64_t{c} * kChunk;
+    const int count = c < n_chunks ? static_cast<int>(min(int64_t{kChunk}, end - c0)) : 0;
+    if (count > 0) {
+      if (own_row >= c0 && own_row < c0 + count) {  // this token's row, stored after the wait: into the stage
+        const int row = static_cast<int>(own_row - c0);
+        constexpr int kPieces = kMma / 8;
+        for (int i = lane; i < 2 * kPieces; i += 32) {
+          const bool is_value = i >= kPieces;
+          const int piece = is_value ? i - kPieces : i;
+          __half* dst = is_value ? value_rows + row * layout.value_stride : key_rows + row * layout.key_stride;
+          reinterpret_cast<uint4*>(dst)[piece] = reinterpret_cast<const uint4*>(is_value ? token_value : token_key)[piece];
+        }
+        __syncwarp();
+      }
+      float s[kScoreTiles][4];
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+#pragma unroll
+        for (int p = 0; p < kScoreTiles / 2; ++p) {
+          uint32_t b[4];  // positions 16 p .. 16 p + 7 and + 8 .. + 15, dims 16 ks .. + 7 and + 8 .. + 15
+          ldmatrix_x4(b, key_rows + (16 * p + (lane / 16) * 8 + lane % 8) * layout.key_stride + 16 * ks + ((lane / 8) % 2) * 8);
+          ptx::mma_m16n8k16(s[2 * p], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[0], b[1]);
+          ptx::mma_m16n8k16(s[2 * p + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[2], b[3]);
+        }
+      }
+      float max0 = -INFINITY, max1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool valid = 8 * j + 2 * quad_col + (e & 1) < count;
+          s[j][e] = valid ? s[j][e] * a.scale : -INFINITY;
+        }
+        max0 = fmaxf(max0, fmaxf(s[j][0], s[j][1]));
+        max1 = fmaxf(max1, fmaxf(s[j][2], s[j][3]));
+      }
+#pragma unroll
+      for (int offset = 1; offset < 4; offset *= 2) {
+        max0 = fmaxf(max0, __shfl_xor_sync(0xFFFFFFFFu, max0, offset));
+        max1 = fmaxf(max1, __shfl_xor_sync(0xFFFFFFFFu, max1, offset));
+      }
+      const float new0 = fmaxf(m0, max0), new1 = fmaxf(m1, max1);
+      const float correction0 = expf(m0 - new0), correction1 = expf(m1 - new1);  // 0 on the first chunk
+      m0 = new0;
+      m1 = new1;
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j) {
+        s[j][0] = expf(s[j][0] - new0);
+        s[j][1] = expf(s[j][1] - new0);
+        s[j][2] = expf(s[j][2] - new1);
+        s[j][3] = expf(s[j][3] - new1);
+        sum0 += s[j][0] + s[j][1];
+        sum1 += s[j][2] + s[j][3];
+      }
+      l0 = l0 * correction0 + sum0;
+      l1 = l1 * correction1 + sum1;
+      if (r == 0) stamp(4);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        o[j][0] *= correction0;
+        o[j][1] *= correction0;
+        o[j][2] *= correction1;
+        o[j][3] *= correction1;
+      }
+#pragma unroll
+      for (int t = 0; t < kScoreTiles / 2; ++t) {
+        const uint32_t p0 = ptx::pack_half2(s[2 * t][0], s[2 * t][1]), p1 = ptx::pack_half2(s[2 * t][2], s[2 * t][3]),
+                       p2 = ptx::pack_half2(s[2 * t + 1][0], s[2 * t + 1][1]),
+                       p3 = ptx::pack_half2(s[2 * t + 1][2], s[2 * t + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < kSteps; ++dp) {
+          uint32_t b[4];  // positions 16 t .. + 7 and + 8 .. + 15 of dims 16 dp .. + 7, then of dims + 8 .. + 15
+          ldmatrix_x4_trans(b, value_rows + (16 * t + lane % 8 + ((lane / 8) % 2) * 8) * layout.value_stride + 16 * dp +
+                                   (lane / 16) * 8);
+          ptx::mma_m16n8k16(o[2 * dp], p0, p1, p2, p3, b[0], b[1]);
+          ptx::mma_m16n8k16(o[2 * dp + 1], p0, p1, p2, p3, b[2], b[3]);
+        }
+      }
+      if (r == 0) stamp(5);
+    }
+    if (r + a.stages < rounds) {
+      __syncthreads();  // every warp is done with this buffer
+      stage_chunk(r + a.stages, r % a.stages);
+    } else {
+      cp_async_commit();
+    }
+  }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, offset);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, offset);
+  }
+  if (slot >= n_chunks) return;  // a slot without chunks: left out of the merge
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int g = quad_row + 8 * h;
+    if (g >= a.group) continue;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      reinterpret_cast<float2*>(acc_state + g * kMma + 8 * j)[quad_col] = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+    }
+    if (quad_col == 0) {
+      max_state[g] = h == 0 ? m0 : m1;
+      sum_state[g] = h == 0 ? l0 : l1;
+    }
+  }
+}
+
 // kPairs: value dims a lane owns, in adjacent pairs (2 vp, 2 vp + 1), vp = lane + 32 j, j < kPairs; and RoPE
 // pairs (i, i + head_dim / 2), i = lane + 32 j. head_dim / 2 <= 32 kPairs.
 // kPrefill (prefill_attention_short): token blockIdx.z of a prompt at position start + blockIdx.z, its query
 // rows already rotated and every key and value row already in the cache; no RoPE, no store, n_blocks = 1.
+// kMma (decode only; 0: the scalar build): head_dim = kMma (a multiple of 16), at most kMmaHeads query heads a KV
+// head; a slot is one warp that scores and weighs its chunks for all the group's heads with mma.sync (see the
+// file comment).
 // The kernel's work (attention_rope_kernel below); kTimeline: thread 0 stamps `stamps` 1 to 7 (timeline.h).
-template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline>
+template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline, int kMma = 0>
 __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a, uint64_t (&stamps)[kTimelineStamps]) {
+  constexpr bool kTensorCores = kMma > 0;
+  static_assert(!kTensorCores || (!kPrefill && kVector8 && kMma % 16 == 0 && kMma / 2 <= 32 * kPairs));
+  constexpr int kSlotThreads = kTensorCores ? 32 : kThreads;  // threads a chunk slot
+  constexpr int kSlotWarps = kSlotThreads / 32;
   auto stamp = [&](int i) {
     if constexpr (kTimeline) {
       if (threadIdx.x == 0) stamps[i] = timeline_now();
@@ -289,15 +485,15 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
   allow_dependent_launch();
   extern __shared__ float4 shared_vectors[];
   char* shared_bytes = reinterpret_cast<char*>(shared_vectors);
-  const RopeSharedLayout layout = rope_shared_layout(a.group, a.head_dim, a.stages, a.slots);
+  const RopeSharedLayout layout = rope_shared_layout(a.group, a.head_dim, a.stages, a.slots, kTensorCores);
   float* q_group = reinterpret_cast<float*>(shared_bytes + layout.q);          // [group, head_dim], rotated
   __half* token_key = reinterpret_cast<__half*>(shared_bytes + layout.token);  // [head_dim]
   __half* token_value = token_key + a.head_dim;                                // [head_dim]
   const int kv_head = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = blockDim.x / 32;
-  // This thread's slot: its quad of warps works on chunks slot, slot + slots, ... of the block's positions.
-  const int slot = warp / kWarps, slot_warp = warp % kWarps, slot_thread = threadIdx.x % kThreads;
+  // This thread's slot: its quad of warps (its warp) works on chunks slot, slot + slots, ... of the block's positions.
+  const int slot = warp / kSlotWarps, slot_warp = warp % kSlotWarps, slot_thread = threadIdx.x % kSlotThreads;
   float* acc_state = reinterpret_cast<float*>(shared_bytes + layout.acc) + slot * a.group * a.head_dim;  // [group, head_dim]
   float* max_state = reinterpret_cast<float*>(shared_bytes + layout.max_sum) + slot * 2 * a.group;      // [group]
   float* sum_state = max_state + a.group;                                                                // [group]
@@ -342,13 +538,19 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
     const int64_t c0 = begin + int64_t{c} * kChunk;
     const int rows = static_cast<int>(min(int64_t{kChunk}, end - c0));
     const int per_tensor = rows * pieces;
-    for (int i = slot_thread; i < 2 * per_tensor; i += kThreads) {
+    if constexpr (kTensorCores) {  // value rows past the sequence read as zeros (a zero weight times garbage is NaN)
+      for (int i = slot_thread; i < (kChunk - rows) * pieces; i += kSlotThreads) {
+        *reinterpret_cast<uint4*>(value_rows + (rows + i / pieces) * layout.value_stride + 8 * (i % pieces)) =
+            make_uint4(0, 0, 0, 0);
+      }
+    }
+    for (int i = slot_thread; i < 2 * per_tensor; i += kSlotThreads) {
       const bool is_value = i >= per_tensor;
       const int j = is_value ? i - per_tensor : i;
       const int r = j / pieces, piece = j % pieces;
       if (c0 + r == own_row) continue;
       const __half* src = (is_value ? a.values : a.keys) + (c0 + r) * kv_stride + head_offset;
-      __half* dst = is_value ? value_rows + r * a.head_dim : key_rows + r * layout.key_stride;
+      __half* dst = is_value ? value_rows + r * layout.value_stride : key_rows + r * layout.key_stride;
       if constexpr (kVector8) {
         cp_async16(dst + 8 * piece, src + 8 * piece);
       } else {
@@ -360,6 +562,13 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
   // A prompt chunk's own KV rows come from the kernel before (rope_store_kv_rows): wait for it first.
   if constexpr (kPrefill) wait_for_previous_kernel();
   for (int r = 0; r < a.stages; ++r) stage_chunk(r, r);  // rounds past the last: empty groups
+  __half* q_rows = reinterpret_cast<__half*>(shared_bytes + layout.q);  // kTensorCores: [kMmaHeads][key_stride]
+  if constexpr (kTensorCores) {  // the A operand's rows past the group: zeros
+    const int row_vectors = static_cast<int>(layout.key_stride / 8);
+    for (int i = threadIdx.x; i < (kMmaHeads - a.group) * row_vectors; i += blockDim.x) {
+      reinterpret_cast<uint4*>(q_rows + a.group * layout.key_stride)[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
   // cos/sin of the RoPE pairs this lane rotates.
   float cos_pair[kPairs], sin_pair[kPairs];
 #pragma unroll
@@ -380,6 +589,21 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
   wait_for_previous_kernel();
   stamp(1);
   const int64_t q_row = kPrefill ? int64_t{blockIdx.z} * a.n_heads : 0;  // this token's query and output rows
+  // This token's key and value: by a warp that rotated no query when there is one (warp `group`), else by warp 0,
+  // its loads of k and v issued before those of its queries: all go out together (one L2 round trip fewer on
+  // the chain; the tensor-core build has a warp a slot, 4 for the group of 4, and lost ~1 us to it).
+  const bool token_warp = !kPrefill && holds_position && warp == (warps > a.group ? a.group : 0);
+  float2 token_k[kPairs], token_v[kPairs];  // pairs (i, i + half)
+  if (token_warp) {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int i = lane + 32 * j;
+      if (i < half) {
+        token_k[j] = make_float2(__ldcg(a.k + head_offset + i), __ldcg(a.k + head_offset + i + half));
+        token_v[j] = make_float2(__ldcg(a.v + head_offset + i), __ldcg(a.v + head_offset + i + half));
+      }
+    }
+  }
   for (int g = warp; g < a.group; g += warps) {
     const float* q_head = a.q + (q_row + first_head + g) * a.head_dim;
     float* rotated = q_group + g * a.head_dim;
@@ -390,6 +614,10 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
         if constexpr (kPrefill) {
           rotated[i] = __ldcg(q_head + i);
           rotated[i + half] = __ldcg(q_head + i + half);
+        } else if constexpr (kTensorCores) {
+          const float2 r = rotate_pair(__ldcg(q_head + i), __ldcg(q_head + i + half), cos_pair[j], sin_pair[j]);
+          q_rows[g * layout.key_stride + i] = __float2half_rn(r.x);
+          q_rows[g * layout.key_stride + i + half] = __float2half_rn(r.y);
         } else {
           const float2 r = rotate_pair(__ldcg(q_head + i), __ldcg(q_head + i + half), cos_pair[j], sin_pair[j]);
           rotated[i] = r.x;
@@ -398,20 +626,16 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
       }
     }
   }
-  // This token's key and value: by a warp that rotated no query when there is one (warp `group`), so that its
-  // loads of k and v go out beside the queries' instead of after them (one L2 round trip fewer on the chain).
-  if (!kPrefill && holds_position && warp == (warps > a.group ? a.group : 0)) {
+  if (token_warp) {
     __half* key_row = a.keys + position * kv_stride + head_offset;
     __half* value_row = a.values + position * kv_stride + head_offset;
-    const float* k_head = a.k + head_offset;
-    const float* v_head = a.v + head_offset;
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
       const int i = lane + 32 * j;
       if (i < half) {
-        const float2 r = rotate_pair(__ldcg(k_head + i), __ldcg(k_head + i + half), cos_pair[j], sin_pair[j]);
+        const float2 r = rotate_pair(token_k[j].x, token_k[j].y, cos_pair[j], sin_pair[j]);
         const __half k0 = __float2half_rn(r.x), k1 = __float2half_rn(r.y);
-        const __half v0 = __float2half_rn(__ldcg(v_head + i)), v1 = __float2half_rn(__ldcg(v_head + i + half));
+        const __half v0 = __float2half_rn(token_v[j].x), v1 = __float2half_rn(token_v[j].y);
         key_row[i] = token_key[i] = k0;
         key_row[i + half] = token_key[i + half] = k1;
         value_row[i] = token_value[i] = v0;
@@ -446,8 +670,12 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
   };
   // One slot (a short prompt's attention, or a short context): its last chunk's state is final, written from
   // registers with no merge.
-  const bool lone_slot = a.slots == 1;
+  const bool lone_slot = !kTensorCores && a.slots == 1;
   stamp(2);  // the queries rotated, this token's key and value stored
+  if constexpr (kTensorCores) {
+    chunks_with_mma<kMma, kTimeline>(a, layout, shared_bytes, q_rows, token_key, token_value, rounds, n_chunks, begin, end,
+                                     own_row, slot, lane, acc_state, max_state, sum_state, stage_chunk, stamp);
+  } else {
   for (int r = 0; r < rounds; ++r) {
     if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
     else cp_async_wait<0>();
@@ -523,6 +751,7 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
     } else {
       cp_async_commit();
     }
+  }
   }
   stamp(6);
   if (!lone_slot) {
@@ -608,13 +837,13 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
   }
 }
 
-template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline = false>
-__global__ void __launch_bounds__(kThreads * kMaxRopeSlots) attention_rope_kernel(const RopeAttentionArgs a) {
+template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline = false, int kMma = 0>
+__global__ void __launch_bounds__((kMma > 0 ? 32 : kThreads) * kMaxRopeSlots) attention_rope_kernel(const RopeAttentionArgs a) {
   uint64_t stamps[kTimelineStamps] = {};
   if constexpr (kTimeline) {
     if (threadIdx.x == 0) stamps[0] = timeline_now();
   }
-  attention_rope_block<kPairs, kVector8, kPrefill, kTimeline>(a, stamps);
+  attention_rope_block<kPairs, kVector8, kPrefill, kTimeline, kMma>(a, stamps);
   if constexpr (kTimeline) {
     if (threadIdx.x == 0) {
       stamps[kTimelineStamps - 1] = timeline_now();
@@ -737,7 +966,7 @@ int64_t opt_in_shared_bytes() {
 struct RopeConfig {
   int slots = 0, stages = 0;
 };
-RopeConfig rope_config(int64_t group, int64_t head_dim, int64_t context_length, int64_t blocks) {
+RopeConfig rope_config(int64_t group, int64_t head_dim, int64_t context_length, int64_t blocks, bool mma) {
   const int64_t limit = opt_in_shared_bytes();
   const bool long_context = context_length > int64_t{kMaxRopeSlots} * kChunk * blocks;
   const int64_t chunks = (context_length + kChunk - 1) / kChunk;
@@ -746,25 +975,41 @@ RopeConfig rope_config(int64_t group, int64_t head_dim, int64_t context_length, 
     if (slots > wanted) continue;
     for (int stages : {2, 1}) {
       if (stages == 2 && !long_context && slots > 1) continue;
-      if (rope_shared_layout(group, head_dim, stages, slots).total <= limit) return {slots, stages};
+      if (rope_shared_layout(group, head_dim, stages, slots, mma).total <= limit) return {slots, stages};
     }
   }
   return {};
 }
 
-// Launches attention_rope_kernel<kPairs, kVector8, kPrefill> for the shape in `args`.
+// The tensor-core build serves the shape (decode; head_dim 32, 64 or 128, the builds compiled; at most kMmaHeads
+// query heads a KV head).
+bool rope_mma_supported(int64_t group, int64_t head_dim) {
+  return (head_dim == 32 || head_dim == 64 || head_dim == 128) && group <= kMmaHeads;
+}
+
+// Launches attention_rope_kernel<kPairs, kVector8, kPrefill> (mma: the tensor-core build, decode only) for the
+// shape in `args`.
 template <bool kPrefill, bool kTimeline = false>
-cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream stream, bool overlap_previous) {
-  const int64_t shared = rope_shared_layout(args.group, args.head_dim, args.stages, args.slots).total;
+cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream stream, bool overlap_previous,
+                               bool mma = false) {
+  const int64_t shared = rope_shared_layout(args.group, args.head_dim, args.stages, args.slots, mma).total;
   const int half = args.head_dim / 2;
   const bool vector8 = args.head_dim % 8 == 0;
   auto launch = [&](auto kernel) -> cudaError_t {
     if (shared > kMaxSharedBytes) {
       if (const cudaError_t e = raise_shared_limit_once<decltype(kernel)::value>(static_cast<int>(opt_in_shared_bytes())); e != cudaSuccess) return e;
     }
-    return launch_kernel(kernel.value, grid, dim3(kThreads * args.slots), static_cast<size_t>(shared), stream, overlap_previous, args);
+    return launch_kernel(kernel.value, grid, dim3((mma ? 32 : kThreads) * args.slots), static_cast<size_t>(shared), stream,
+                         overlap_previous, args);
   };
   using K = decltype(&attention_rope_kernel<1, true, kPrefill, kTimeline>);
+  if constexpr (!kPrefill) {
+    if (mma) {
+      if (args.head_dim == 32) return launch(std::integral_constant<K, attention_rope_kernel<1, true, false, kTimeline, 32>>{});
+      if (args.head_dim == 64) return launch(std::integral_constant<K, attention_rope_kernel<1, true, false, kTimeline, 64>>{});
+      return launch(std::integral_constant<K, attention_rope_kernel<2, true, false, kTimeline, 128>>{});
+    }
+  }
   if (half <= 32) {
     return vector8 ? launch(std::integral_constant<K, attention_rope_kernel<1, true, kPrefill, kTimeline>>{})
                    : launch(std::integral_constant<K, attention_rope_kernel<1, false, kPrefill, kTimeline>>{});
@@ -793,7 +1038,8 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   const int blocks = fused_blocks(shape.context_length, shape.fused_max_blocks);
-  const RopeConfig config = rope_config(group, shape.head_dim, shape.context_length, blocks);
+  const bool mma = shape.tensor_cores && rope_mma_supported(group, shape.head_dim);
+  const RopeConfig config = rope_config(group, shape.head_dim, shape.context_length, blocks, mma);
   if (config.slots == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (!q || !k || !v || !inv_freq || !position || !key_cache || !value_cache || !workspace || !counters || !out) {
     return invalid_argument(what + ": null device pointer");
@@ -828,9 +1074,9 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
   if (const TimelineRing* ring = active_timeline()) {  // the diagnostic build of the kernel (timeline.h)
     RopeAttentionArgs timed = args;
     timed.timeline = *ring;
-    return cuda_status(launch_rope_kernel<false, true>(timed, grid, stream, overlap_previous), "decode_attention_rope launch");
+    return cuda_status(launch_rope_kernel<false, true>(timed, grid, stream, overlap_previous, mma), "decode_attention_rope launch");
   }
-  return cuda_status(launch_rope_kernel<false>(args, grid, stream, overlap_previous), "decode_attention_rope launch");
+  return cuda_status(launch_rope_kernel<false>(args, grid, stream, overlap_previous, mma), "decode_attention_rope launch");
 }
 
 bool prefill_attention_short_preferred(int64_t start, int64_t n_tokens) {
@@ -850,7 +1096,7 @@ Status prefill_attention_short(const float* q, const uint16_t* key_cache, const 
                             std::to_string(kMaxHeadDim) + " and 1 to 65535 tokens");
   }
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  const RopeConfig config = rope_config(group, shape.head_dim, start + n_tokens, kMaxRopeBlocks);
+  const RopeConfig config = rope_config(group, shape.head_dim, start + n_tokens, kMaxRopeBlocks, false);
   if (config.slots == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (!q || !key_cache || !value_cache || !out) return invalid_argument(what + ": null device pointer");
   // Cast away const only to share the argument block: the prefill kernel writes nothing but `out`.

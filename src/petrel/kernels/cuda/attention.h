@@ -20,6 +20,9 @@ struct DecodeAttentionShape {
   // positions); 0: one per 32 positions of the cache, at most 32. Its grid is fixed by the cache, not by the
   // position, and the next kernel of the token generator launches only once every block of it has started.
   int64_t fused_max_blocks = 0;
+  // decode_attention_rope: scores and value sums on tensor cores (mma.sync, q and the probabilities rounded to
+  // fp16) where the shape allows (head_dim 32, 64 or 128, at most 16 query heads a KV head); false: the float32 build.
+  bool tensor_cores = true;
 };
 
 inline constexpr int64_t kMaxHeadDim = 256;
