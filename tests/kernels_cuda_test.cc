@@ -1184,6 +1184,19 @@ TEST(KernelsCuda, ResidentGemvChainsGiveTheBitsOfGroupedLaunches) {
   }
 }
 
+// The fused decode attention's default grid, cut to one wave (host arithmetic: runs without a GPU). The H200's
+// numbers for Llama-3.1-8B: 132 SMs; at a 8,192-position cache a block takes ~153 KB of shared memory (one an
+// SM), at 4,096 ~84 KB (two).
+TEST(KernelsCuda, DecodeAttentionDefaultGridIsOneWave) {
+  EXPECT_EQ(cuda::decode_attention_one_wave_blocks(8, 32, 132, 1), 16);   // 256 blocks would be 2 waves
+  EXPECT_EQ(cuda::decode_attention_one_wave_blocks(8, 32, 132, 2), 32);   // 256 <= 264: as it is
+  EXPECT_EQ(cuda::decode_attention_one_wave_blocks(8, 16, 132, 1), 16);
+  EXPECT_EQ(cuda::decode_attention_one_wave_blocks(8, 32, 100, 1), 12);
+  EXPECT_EQ(cuda::decode_attention_one_wave_blocks(64, 32, 132, 1), 2);
+  EXPECT_EQ(cuda::decode_attention_one_wave_blocks(200, 4, 132, 1), 1);   // never below one block a KV head
+  EXPECT_EQ(cuda::decode_attention_one_wave_blocks(8, 32, 132, 0), 16);   // a block larger than an SM's room: as 1
+}
+
 TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   std::mt19937 rng(34);

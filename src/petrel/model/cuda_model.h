@@ -107,8 +107,8 @@ struct CudaModelOptions {
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;
   // The fused decode attention's blocks per KV head at most (cuda::DecodeAttentionShape::fused_max_blocks; 0:
-  // one per 32 positions of the cache, at most 32). Session 17: at a 4,096-position cache its 256 blocks must
-  // all start before o can launch, which keeps o's weight loads out of q/k/v's post-release time.
+  // one per 32 positions of the cache, at most 32, cut to what fits on the GPU at once). Sessions 17-18: capping
+  // it lower at a 4,096-position cache (so that o launches during q/k/v) measured a tie.
   int64_t decode_attention_blocks = 0;
   // The fused decode attention's scores and value sums on tensor cores (cuda::DecodeAttentionShape::tensor_cores;
   // q and the probabilities in fp16); false: the float32 build.
