@@ -140,6 +140,22 @@ TEST(Cli, BenchPrintsLlamaBenchStyleResults) {
   ASSERT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("| model | size | params | backend | threads | test | t/s |"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| pp8 |"), std::string::npos) << r.output;
+  // -d (llama-bench's depth): each test again after that many tokens in the cache, labelled "@ dN".
+  r = testing::run_command(testing::cli_path().string() + " bench " + model + " -p 8 -n 4 -d 0,24 -r 1 -o json",
+                           /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rows = nlohmann::json::parse(r.output);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0]["test"], "pp8");
+  EXPECT_EQ(rows[1]["test"], "tg4");
+  EXPECT_EQ(rows[2]["test"], "pp8 @ d24");
+  EXPECT_EQ(rows[3]["test"], "tg4 @ d24");
+  EXPECT_EQ(rows[0]["n_depth"], 0);
+  EXPECT_EQ(rows[3]["n_depth"], 24);
+  for (const auto& row : rows) EXPECT_GT(row["avg_ts"].get<double>(), 0);
+  r = testing::run_command(testing::cli_path().string() + " bench " + model + " -p 8 -n 4 -d 100000000 -r 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("exceeds the model's"), std::string::npos) << r.output;
 }
 
 }  // namespace

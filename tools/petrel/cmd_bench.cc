@@ -28,6 +28,7 @@ struct BenchFlags {
   std::string model;
   std::string prompt_sizes = "512";
   std::string gen_sizes = "128";
+  std::string depths = "0";
   int repetitions = 5;
   int threads = 0;
   std::string output = "md";
@@ -39,6 +40,7 @@ struct BenchFlags {
 
 struct BenchRow {
   std::string test;
+  int64_t depth = 0;
   double mean = 0, sd = 0;
   std::vector<double> samples;
 };
@@ -63,19 +65,34 @@ int run_bench(const BenchFlags& f) {
   if (!pp.ok()) return report_error(cmd, pp.status());
   auto tg = parse_sizes(f.gen_sizes, "-n");
   if (!tg.ok()) return report_error(cmd, tg.status());
+  auto depth_ids = parse_token_ids(f.depths, "-d");  // 0 is a depth here (no tokens before the test)
+  if (!depth_ids.ok()) return report_error(cmd, depth_ids.status());
+  const std::vector<int64_t> depths(depth_ids->begin(), depth_ids->end());
+  if (depths.empty()) return report_error(cmd, invalid_argument("-d needs at least one depth (0: none)"));
+  const int64_t deepest = *std::max_element(depths.begin(), depths.end());
   if (f.backend != "cpu" && f.backend != "cuda") {
     return report_error(cmd, invalid_argument("--backend must be cpu or cuda, got '" + f.backend + "'"));
   }
   auto model = LlamaModel::load(f.model);
   if (!model.ok()) return report_error(cmd, model.status());
   const LlamaConfig& c = (*model)->config();
+  {
+    int64_t longest = 0;
+    for (int64_t n : *tg) longest = std::max(longest, n);
+    for (int64_t n : *pp) longest = std::max(longest, n);
+    if (deepest + longest > c.max_position_embeddings) {
+      return report_error(cmd, invalid_argument("-d " + std::to_string(deepest) + " plus a test of " + std::to_string(longest) +
+                                                " tokens exceeds the model's " + std::to_string(c.max_position_embeddings) +
+                                                " positions"));
+    }
+  }
   std::unique_ptr<CudaModel> gpu;  // --backend cuda: weights uploaded once, KV cache on the GPU
   if (f.backend == "cuda") {
     int64_t longest = 1;
     for (int64_t n : *tg) longest = std::max(longest, n);
     for (int64_t n : *pp) longest = std::max(longest, n);
     CudaModelOptions options;
-    options.context_length = longest;
+    options.context_length = deepest + longest;
     // The whole prompt in one chunk (llama-bench's pp is one batch of n tokens), up to 512 at a time.
     options.prefill_chunk = std::min<int64_t>(longest, 512);
     auto f16_weights = parse_prefill_f16_weights(f.prefill_f16_weights);
@@ -89,27 +106,40 @@ int run_bench(const BenchFlags& f) {
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size - 1));
 
-  // Times one run of a test in seconds.
-  auto time_pp = [&](int64_t n) -> Result<double> {
+  // `depth` random tokens before a test (llama-bench's -d), untimed: through the prompt processor, into the
+  // GPU's cache or the CPU `cache`.
+  auto fill = [&](int64_t depth, KvCache* cache) -> Status {
+    if (depth == 0) return ok_status();
+    std::vector<int32_t> tokens(depth);
+    for (auto& t : tokens) t = token(rng);
+    std::vector<float> logits;
+    if (gpu) return gpu->forward(tokens, LogitsMode::kLast, &logits);
+    return (*model)->process_prompt(tokens, *cache, f.chunk_size, LogitsMode::kLast, &logits);
+  };
+  // Times one run of a test in seconds, after `depth` tokens.
+  auto time_pp = [&](int64_t n, int64_t depth) -> Result<double> {
     std::vector<int32_t> tokens(n);
     for (auto& t : tokens) t = token(rng);
     if (gpu) {  // the prompt processor on the GPU; the last row's logits reach the host, as on the CPU
       gpu->reset();
+      PETREL_RETURN_IF_ERROR(fill(depth, nullptr));
       std::vector<float> logits;
       const auto start = std::chrono::steady_clock::now();
       PETREL_RETURN_IF_ERROR(gpu->forward(tokens, LogitsMode::kLast, &logits));
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(std::max<int64_t>(n, 1), c.max_position_embeddings),
+    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(std::max<int64_t>(depth + n, 1), c.max_position_embeddings),
                                                                         kv_type_of(f.kv_type)));
+    PETREL_RETURN_IF_ERROR(fill(depth, &cache));
     std::vector<float> logits;
     const auto start = std::chrono::steady_clock::now();
     PETREL_RETURN_IF_ERROR((*model)->process_prompt(tokens, cache, f.chunk_size, LogitsMode::kLast, &logits));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  auto time_tg = [&](int64_t n) -> Result<double> {
+  auto time_tg = [&](int64_t n, int64_t depth) -> Result<double> {
     if (gpu) {
       gpu->reset();
+      PETREL_RETURN_IF_ERROR(fill(depth, nullptr));
       int32_t next = token(rng);
       const auto start = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < n; ++i) {
@@ -119,7 +149,8 @@ int run_bench(const BenchFlags& f) {
       }
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(n, c.max_position_embeddings), kv_type_of(f.kv_type)));
+    PETREL_ASSIGN_OR_RETURN(KvCache cache, (*model)->new_cache(std::min<int64_t>(depth + n, c.max_position_embeddings), kv_type_of(f.kv_type)));
+    PETREL_RETURN_IF_ERROR(fill(depth, &cache));
     std::vector<float> logits;
     int32_t next = token(rng);
     const auto start = std::chrono::steady_clock::now();
@@ -131,12 +162,14 @@ int run_bench(const BenchFlags& f) {
   };
 
   std::vector<BenchRow> rows;
-  auto measure = [&](const std::string& name, int64_t n, const std::function<Result<double>(int64_t)>& once) -> Status {
-    PETREL_RETURN_IF_ERROR(once(n).status());  // warm-up
+  auto measure = [&](const std::string& name, int64_t n, int64_t depth,
+                     const std::function<Result<double>(int64_t, int64_t)>& once) -> Status {
+    PETREL_RETURN_IF_ERROR(once(n, depth).status());  // warm-up
     BenchRow row;
-    row.test = name + std::to_string(n);
+    row.test = name + std::to_string(n) + (depth > 0 ? " @ d" + std::to_string(depth) : "");  // llama-bench's label
+    row.depth = depth;
     for (int r = 0; r < f.repetitions; ++r) {
-      PETREL_ASSIGN_OR_RETURN(double seconds, once(n));
+      PETREL_ASSIGN_OR_RETURN(double seconds, once(n, depth));
       row.samples.push_back(n / seconds);
     }
     for (double v : row.samples) row.mean += v / row.samples.size();
@@ -145,13 +178,15 @@ int run_bench(const BenchFlags& f) {
     rows.push_back(row);
     return ok_status();
   };
-  for (int64_t n : *pp) {
-    Status s = measure("pp", n, time_pp);
-    if (!s.ok()) return report_error(cmd, s);
-  }
-  for (int64_t n : *tg) {
-    Status s = measure("tg", n, time_tg);
-    if (!s.ok()) return report_error(cmd, s);
+  for (int64_t depth : depths) {
+    for (int64_t n : *pp) {
+      Status s = measure("pp", n, depth, time_pp);
+      if (!s.ok()) return report_error(cmd, s);
+    }
+    for (int64_t n : *tg) {
+      Status s = measure("tg", n, depth, time_tg);
+      if (!s.ok()) return report_error(cmd, s);
+    }
   }
 
   // Weight bytes as stored (codes, not scales), like llama-bench's model size.
@@ -230,7 +265,7 @@ int run_bench(const BenchFlags& f) {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const auto& r : rows) {
       nlohmann::ordered_json row = {{"model", model_name}, {"model_bytes", bytes}, {"params", c.parameter_count()},
-                                    {"backend", backend}, {"threads", threads}, {"test", r.test}, {"avg_ts", r.mean},
+                                    {"backend", backend}, {"threads", threads}, {"test", r.test}, {"n_depth", r.depth}, {"avg_ts", r.mean},
                                     {"stddev_ts", r.sd}, {"samples_ts", r.samples}, {"bytes_per_token", bytes_per_token}};
       if (f.bandwidth) row["read_bandwidth_gbs"] = read_gbs;
       out.push_back(row);
@@ -248,6 +283,10 @@ void add_bench_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("model", f->model, "Bundle, BUNDLE/config.json, or checkpoint directory")->required();
   cmd->add_option("-p,--n-prompt", f->prompt_sizes, "Prompt sizes, comma-separated (0: none)")->capture_default_str();
   cmd->add_option("-n,--n-gen", f->gen_sizes, "Generation lengths, comma-separated (0: none)")->capture_default_str();
+  cmd->add_option("-d,--n-depth", f->depths,
+                  "Tokens already in the KV cache before each test, comma-separated (llama-bench's -d: \"tg128 @ d4096\"); "
+                  "processed untimed")
+      ->capture_default_str();
   cmd->add_option("-r,--repetitions", f->repetitions, "Timed runs per test (after one warm-up)")->capture_default_str();
   cmd->add_option("-t,--threads", f->threads, "Worker threads; 0 = all cores")->capture_default_str();
   cmd->add_option("-o,--output", f->output, "md, json or csv")->capture_default_str();
