@@ -9,6 +9,7 @@
 # Each format's pp512 is also benched with --prefill-f16-weights off (the dequantize-per-call path).
 # VALIDATE=1 also runs `petrel validate` of the per-channel checkpoint against the float one (CPU, 1 window).
 # KEEP=1 keeps /tmp/w8b (a warm machine reuses it: make-random and quantize are skipped when present).
+# DEPTHS="2000,8000" also benches pp512 and tg128 after that many tokens in the cache (petrel bench -d).
 # LOG=info prints each run's load line (where the init time went); SPEED=0 skips `petrel bench`; RUNS (3): runs;
 # W4ONLY=0 skips the pp512 bench without the fp16 weight copies.
 # Logs and profiles go to $OUT.
@@ -53,6 +54,8 @@ PY
   done
   [ "${SPEED:-1}" = 0 ] && { rm -rf $W/bundle-$fmt; continue; }
   $P bench $W/bundle-$fmt --backend cuda -p 29,128,512 -n 128 -r 5 2>&1 | tee $OUT/bench-$fmt.md
+  # DEPTHS (e.g. "2000,8000"): tg128 and pp512 again after that many tokens in the cache (llama-bench's -d).
+  [ -n "${DEPTHS:-}" ] && $P bench $W/bundle-$fmt --backend cuda -p 512 -n 128 -d "$DEPTHS" -r 3 2>&1 | tee $OUT/bench-$fmt-depth.md
   # The same prompts without the fp16 weight copies (--prefill-f16-weights auto turns them on for 8B on an H200).
   [ "${W4ONLY:-1}" = 1 ] && $P bench $W/bundle-$fmt --backend cuda -p 512 -n 0 -r 5 --prefill-f16-weights off 2>&1 | tail -1 | tee $OUT/bench-$fmt-w4only.md
   rm -rf $W/bundle-$fmt
