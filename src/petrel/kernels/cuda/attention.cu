@@ -230,21 +230,17 @@ constexpr int kMaxRopeSlots = 4;
 constexpr int kMmaHeads = 16;
 
 // Four 8x8 fp16 matrices from shared memory: lane L gives the address of row L % 8 of matrix L / 8, register i
-// receives matrix i, thread t its elements (t / 4, 2 (t % 4) + {0, 1}); with .trans, (2 (t % 4) + {0, 1}, t / 4).
+// receives matrix i, thread t its elements (t / 4, 2 (t % 4) + {0, 1}); kTranspose: (2 (t % 4) + {0, 1}, t / 4).
+template <bool kTranspose = false>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address)
-               : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address)
-               : "memory");
+  if constexpr (kTranspose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address) : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address) : "memory");
+  }
 }
 
 // The fused kernel's shared memory, in bytes from the start (each part 16-byte aligned): the rotated queries
@@ -429,8 +425,8 @@ __device__ __forceinline__ void chunks_with_mma(const RopeAttentionArgs& a, cons
 #pragma unroll
         for (int dp = 0; dp < kSteps; ++dp) {
           uint32_t b[4];  // positions 16 t .. + 7 and + 8 .. + 15 of dims 16 dp .. + 7, then of dims + 8 .. + 15
-          ldmatrix_x4_trans(b, value_rows + (16 * t + lane % 8 + ((lane / 8) % 2) * 8) * layout.value_stride + 16 * dp +
-                                   (lane / 16) * 8);
+          ldmatrix_x4<true>(b, value_rows + (16 * t + lane % 8 + ((lane / 8) % 2) * 8) * layout.value_stride + 16 * dp +
+                                  (lane / 16) * 8);
           ptx::mma_m16n8k16(o[2 * dp], p0, p1, p2, p3, b[0], b[1]);
           ptx::mma_m16n8k16(o[2 * dp + 1], p0, p1, p2, p3, b[2], b[3]);
         }
@@ -678,82 +674,82 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
     chunks_with_mma<kMma, kTimeline>(a, layout, shared_bytes, q_rows, token_key, token_value, rounds, n_chunks, begin, end,
                                      own_row, slot, lane, acc_state, max_state, sum_state, stage_chunk, stamp);
   } else {
-  for (int r = 0; r < rounds; ++r) {
-    if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
-    else cp_async_wait<0>();
-    __syncthreads();  // every thread's copies, the rotated queries and this token's row visible to the block
-    if (r == 0) stamp(3);  // the first round's chunks of keys and values in shared memory
-    const int c = r * a.slots + slot;
-    const char* stage = shared_bytes + layout.stage + ((r % a.stages) * a.slots + slot) * layout.stage_bytes;
-    const __half* key_rows = reinterpret_cast<const __half*>(stage);
-    const __half* value_rows = reinterpret_cast<const __half*>(stage + round16(kChunk * layout.key_stride * 2));
-    const int64_t c0 = begin + int64_t{c} * kChunk;
-    const int count = c < n_chunks ? static_cast<int>(min(int64_t{kChunk}, end - c0)) : 0;
-    for (int g = slot_warp; count > 0 && g < a.group; g += kWarps) {
-      // This head's running state in this slot: fresh on the slot's first chunk, from shared memory on later ones.
-      float m = -INFINITY, l = 0.0f;
-      float2 acc[kPairs];
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(0.0f, 0.0f);
-      const float2* state = reinterpret_cast<const float2*>(acc_state + g * a.head_dim);
-      if (r > 0) {
-        m = max_state[g];
-        l = sum_state[g];
-#pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          if (lane + 32 * j < half) acc[j] = state[lane + 32 * j];
-        }
-      }
-      // Scores: lane t takes position c0 + t (lane 0 always has one).
-      const bool valid = lane < count;
-      const __half* key = c0 + lane == own_row ? token_key : key_rows + lane * layout.key_stride;
-      const float s = valid ? key_dot<kVector8>(q_group + g * a.head_dim, key, a.head_dim) * a.scale : -INFINITY;
-      // Online softmax: the running max and sum and the value sums rescaled to the new max.
-      const float m_new = fmaxf(m, warp_max(s));
-      const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
-      const float prob = valid ? expf(s - m_new) : 0.0f;
-      l = l * correction + warp_sum(prob);
-      m = m_new;
-      if (r == 0) stamp(4);
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(acc[j].x * correction, acc[j].y * correction);
-      // Values: row u weighted by the probability lane u computed.
-#pragma unroll 4
-      for (int u = 0; u < count; ++u) {
-        const float weight = __shfl_sync(0xFFFFFFFFu, prob, u);
-        const __half2* row = reinterpret_cast<const __half2*>(c0 + u == own_row ? token_value : value_rows + u * a.head_dim);
-#pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          const int vp = lane + 32 * j;
-          if (vp < half) {
-            const float2 vf = __half22float2(row[vp]);
-            acc[j] = make_float2(fmaf(weight, vf.x, acc[j].x), fmaf(weight, vf.y, acc[j].y));
+    for (int r = 0; r < rounds; ++r) {
+      if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
+      else cp_async_wait<0>();
+      __syncthreads();  // every thread's copies, the rotated queries and this token's row visible to the block
+      if (r == 0) stamp(3);  // the first round's chunks of keys and values in shared memory
+      const int c = r * a.slots + slot;
+      const char* stage = shared_bytes + layout.stage + ((r % a.stages) * a.slots + slot) * layout.stage_bytes;
+      const __half* key_rows = reinterpret_cast<const __half*>(stage);
+      const __half* value_rows = reinterpret_cast<const __half*>(stage + round16(kChunk * layout.key_stride * 2));
+      const int64_t c0 = begin + int64_t{c} * kChunk;
+      const int count = c < n_chunks ? static_cast<int>(min(int64_t{kChunk}, end - c0)) : 0;
+      for (int g = slot_warp; count > 0 && g < a.group; g += kWarps) {
+        // This head's running state in this slot: fresh on the slot's first chunk, from shared memory on later ones.
+        float m = -INFINITY, l = 0.0f;
+        float2 acc[kPairs];
+  #pragma unroll
+        for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(0.0f, 0.0f);
+        const float2* state = reinterpret_cast<const float2*>(acc_state + g * a.head_dim);
+        if (r > 0) {
+          m = max_state[g];
+          l = sum_state[g];
+  #pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            if (lane + 32 * j < half) acc[j] = state[lane + 32 * j];
           }
         }
+        // Scores: lane t takes position c0 + t (lane 0 always has one).
+        const bool valid = lane < count;
+        const __half* key = c0 + lane == own_row ? token_key : key_rows + lane * layout.key_stride;
+        const float s = valid ? key_dot<kVector8>(q_group + g * a.head_dim, key, a.head_dim) * a.scale : -INFINITY;
+        // Online softmax: the running max and sum and the value sums rescaled to the new max.
+        const float m_new = fmaxf(m, warp_max(s));
+        const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+        const float prob = valid ? expf(s - m_new) : 0.0f;
+        l = l * correction + warp_sum(prob);
+        m = m_new;
+        if (r == 0) stamp(4);
+  #pragma unroll
+        for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(acc[j].x * correction, acc[j].y * correction);
+        // Values: row u weighted by the probability lane u computed.
+  #pragma unroll 4
+        for (int u = 0; u < count; ++u) {
+          const float weight = __shfl_sync(0xFFFFFFFFu, prob, u);
+          const __half2* row = reinterpret_cast<const __half2*>(c0 + u == own_row ? token_value : value_rows + u * a.head_dim);
+  #pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            const int vp = lane + 32 * j;
+            if (vp < half) {
+              const float2 vf = __half22float2(row[vp]);
+              acc[j] = make_float2(fmaf(weight, vf.x, acc[j].x), fmaf(weight, vf.y, acc[j].y));
+            }
+          }
+        }
+        if (r == 0) stamp(5);
+        if (lone_slot && r + 1 == rounds) {
+          emit(g, m, l, acc);
+          continue;
+        }
+        // The state for the slot's next chunk, or for the merge of the slots below.
+        float2* keep = reinterpret_cast<float2*>(acc_state + g * a.head_dim);
+  #pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          if (lane + 32 * j < half) keep[lane + 32 * j] = acc[j];
+        }
+        if (lane == 0) {
+          max_state[g] = m;
+          sum_state[g] = l;
+        }
       }
-      if (r == 0) stamp(5);
-      if (lone_slot && r + 1 == rounds) {
-        emit(g, m, l, acc);
-        continue;
-      }
-      // The state for the slot's next chunk, or for the merge of the slots below.
-      float2* keep = reinterpret_cast<float2*>(acc_state + g * a.head_dim);
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        if (lane + 32 * j < half) keep[lane + 32 * j] = acc[j];
-      }
-      if (lane == 0) {
-        max_state[g] = m;
-        sum_state[g] = l;
+      if (r + a.stages < rounds) {
+        __syncthreads();  // every warp is done with this buffer
+        stage_chunk(r + a.stages, r % a.stages);
+      } else {
+        cp_async_commit();
       }
     }
-    if (r + a.stages < rounds) {
-      __syncthreads();  // every warp is done with this buffer
-      stage_chunk(r + a.stages, r % a.stages);
-    } else {
-      cp_async_commit();
-    }
-  }
   }
   stamp(6);
   if (!lone_slot) {
@@ -940,48 +936,41 @@ Status decode_attention(const float* q, const uint16_t* key_cache, const uint16_
 
 namespace {
 
-// The current device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin) less a margin
-// for the kernel's static shared memory (the opt-in bounds both together), cached per device: the dynamic limit
-// the fused kernel's launches raise theirs to, and what its slots and stages must fit in.
-int64_t opt_in_shared_bytes() {
-  static std::atomic<int64_t> cached[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return kMaxSharedBytes;
-  std::atomic<int64_t>& slot = cached[device % 64];
-  int64_t bytes = slot.load(std::memory_order_relaxed);
-  if (bytes == 0) {
-    int value = 0;
-    bytes = cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? value - 1024 : 0;
-    bytes = std::max<int64_t>(bytes, kMaxSharedBytes);
-    slot.store(bytes, std::memory_order_relaxed);
-  }
-  return bytes;
-}
-
-// The current device's SMs, shared memory and threads an SM, and shared memory reserved a block, cached per device
-// (the fused kernel's default grid is cut to what fits at once: decode_attention_one_wave_blocks).
-struct SmLimits {
-  int64_t count = 132, shared = 228 * 1024, threads = 2048, reserved_shared = 1024;
+// The current device's limits, cached per device: its opt-in shared memory per block
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin) less a margin for the kernel's static shared memory (the opt-in
+// bounds both together): the dynamic limit the fused kernel's launches raise theirs to, and what its slots and
+// stages must fit in; and its SMs, shared memory and threads an SM and shared memory reserved a block, what the
+// default grid is cut to (decode_attention_one_wave_blocks).
+struct DeviceLimits {
+  int64_t opt_in_shared = kMaxSharedBytes, sms = 132, shared_per_sm = 228 * 1024, threads_per_sm = 2048,
+          reserved_shared = 1024;
 };
-SmLimits sm_limits() {
+DeviceLimits device_limits() {
   static std::mutex mutex;
-  static SmLimits cached[64];
+  static DeviceLimits cached[64];
   static bool known[64] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return {};
   const std::lock_guard<std::mutex> lock(mutex);
   const int at = device % 64;
   if (!known[at]) {
-    SmLimits& l = cached[at];
-    int value = 0;
-    if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) l.count = value;
-    if (cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess) l.shared = value;
-    if (cudaDeviceGetAttribute(&value, cudaDevAttrMaxThreadsPerMultiProcessor, device) == cudaSuccess) l.threads = value;
-    if (cudaDeviceGetAttribute(&value, cudaDevAttrReservedSharedMemoryPerBlock, device) == cudaSuccess) l.reserved_shared = value;
+    DeviceLimits& l = cached[at];
+    auto get = [&](cudaDeviceAttr attribute, int64_t* out) {
+      int value = 0;
+      if (cudaDeviceGetAttribute(&value, attribute, device) == cudaSuccess) *out = value;
+    };
+    get(cudaDevAttrMaxSharedMemoryPerBlockOptin, &l.opt_in_shared);
+    l.opt_in_shared = std::max<int64_t>(l.opt_in_shared - 1024, kMaxSharedBytes);
+    get(cudaDevAttrMultiProcessorCount, &l.sms);
+    get(cudaDevAttrMaxSharedMemoryPerMultiprocessor, &l.shared_per_sm);
+    get(cudaDevAttrMaxThreadsPerMultiProcessor, &l.threads_per_sm);
+    get(cudaDevAttrReservedSharedMemoryPerBlock, &l.reserved_shared);
     known[at] = true;
   }
   return cached[at];
 }
+
+int64_t opt_in_shared_bytes() { return device_limits().opt_in_shared; }
 
 // Chunk slots and stage buffers of the fused kernel: 4 slots (16 warps: a block takes 4 chunks of 32 positions
 // at once and merges them in shared memory; at tg128's lengths one block per KV head, no combine through L2),
@@ -1069,11 +1058,11 @@ Status decode_attention_rope(const float* q, const float* k, const float* v, con
   RopeConfig config = rope_config(group, shape.head_dim, shape.context_length, blocks, mma);
   if (config.slots == 0) return unsupported(what + ": too many query heads per KV head for shared memory");
   if (shape.fused_max_blocks == 0) {  // the default grid in one wave (decode_attention_one_wave_blocks)
-    const SmLimits sm = sm_limits();
-    const int64_t shared = rope_shared_layout(group, shape.head_dim, config.stages, config.slots, mma).total + sm.reserved_shared;
+    const DeviceLimits d = device_limits();
+    const int64_t shared = rope_shared_layout(group, shape.head_dim, config.stages, config.slots, mma).total + d.reserved_shared;
     const int64_t threads = int64_t{mma ? 32 : kThreads} * config.slots;
-    const int64_t per_sm = std::min(sm.shared / std::max<int64_t>(shared, 1), sm.threads / threads);
-    const int fit = static_cast<int>(decode_attention_one_wave_blocks(shape.n_kv_heads, blocks, sm.count, per_sm));
+    const int64_t per_sm = std::min(d.shared_per_sm / std::max<int64_t>(shared, 1), d.threads_per_sm / threads);
+    const int fit = static_cast<int>(decode_attention_one_wave_blocks(shape.n_kv_heads, blocks, d.sms, per_sm));
     if (fit < blocks) {
       blocks = fit;
       config = rope_config(group, shape.head_dim, shape.context_length, blocks, mma);
