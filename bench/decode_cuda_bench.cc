@@ -57,7 +57,10 @@
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 //   any of them with "-attnbN" (before "-ctxN"): the fused attention kernel in at most N blocks a KV head
 //                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
-//   any of them with "-attnfp32" (before "-attnbN"): the fused attention kernel's float32 build instead of its
+//   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
+//                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
+//                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2
+//   any of them with "-attnfp32" (before "-skipN"): the fused attention kernel's float32 build instead of its
 //                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
 // decode GEMV and attention launch runs its instrumented build (the t/s columns then include that cost), and
@@ -247,6 +250,10 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
   take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);
+  // "-skipN" (diagnostic: wrong outputs): the fused step without the phases of bit mask N
+  // (CudaModelOptions::decode_skip_phases: 1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down), e.g. fused-skip2.
+  int64_t skip = 0;
+  if (take_number_suffix(base, "-skip", 2, &skip)) o.decode_skip_phases = static_cast<uint32_t>(skip);
   // "-attnfp32": the fused attention kernel's float32 build, not the tensor-core one
   // (CudaModelOptions::decode_attention_tensor_cores off).
   if (const size_t at = base.rfind("-attnfp32"); at != std::string::npos && at + 9 == base.size()) {

@@ -349,31 +349,43 @@ struct CudaModel::State {
       const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), q.as<float>()},
                                            {&w.k_proj.quantized.view(), k.as<float>()},
                                            {&w.v_proj.quantized.view(), v.as<float>()}};
-      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s, with_splits(l > 0 ? atomic : gemv, options.decode_splits.qkv),
-                                                     clearing(input_norm, up, c.intermediate_size)));
-      PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
-                                                         pos, layer_keys, layer_values, attention,
-                                                         attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
-                                                         attn.as<float>(), s, overlap));
+      const uint32_t skip = options.decode_skip_phases;  // diagnostic (CudaModelOptions::decode_skip_phases)
+      if (!(skip & CudaModelOptions::kSkipQkv)) {
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
+                                                       with_splits(l > 0 ? atomic : gemv, options.decode_splits.qkv),
+                                                       clearing(input_norm, up, c.intermediate_size)));
+      }
+      if (!(skip & CudaModelOptions::kSkipAttention)) {
+        PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
+                                                           pos, layer_keys, layer_values, attention,
+                                                           attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
+                                                           attn.as<float>(), s, overlap));
+      }
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
-      PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
-                                             with_splits(atomic, options.decode_splits.o),
-                                             clearing(add_to_residual, gate, c.intermediate_size)));
+      if (!(skip & CudaModelOptions::kSkipO)) {
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
+                                               with_splits(atomic, options.decode_splits.o),
+                                               clearing(add_to_residual, gate, c.intermediate_size)));
+      }
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
-      PETREL_RETURN_IF_ERROR(
-          cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, with_splits(atomic, options.decode_splits.gate_up),
-                                  clearing(post_attention_norm, q, c.q_dim())));
+      if (!(skip & CudaModelOptions::kSkipGateUp)) {
+        PETREL_RETURN_IF_ERROR(
+            cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, with_splits(atomic, options.decode_splits.gate_up),
+                                    clearing(post_attention_norm, q, c.q_dim())));
+      }
       cuda::GemvFusion silu_and_add;
       silu_and_add.input = cuda::GemvInput::kSiluMul;
       silu_and_add.up = up.as<float>();
       silu_and_add.residual = residual;
-      PETREL_RETURN_IF_ERROR(
-          cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s, with_splits(atomic, options.decode_splits.down),
-                          clearing(silu_and_add, k, c.kv_dim(), &v, c.kv_dim())));
+      if (!(skip & CudaModelOptions::kSkipDown)) {
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s,
+                                               with_splits(atomic, options.decode_splits.down),
+                                               clearing(silu_and_add, k, c.kv_dim(), &v, c.kv_dim())));
+      }
     }
     if (!with_final_norm) return ok_status();
     return cuda::rms_norm(residual, nullptr, 1, c.hidden_size, final_norm.weight, eps, normed.as<float>(), s);

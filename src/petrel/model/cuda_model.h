@@ -113,6 +113,12 @@ struct CudaModelOptions {
   // The fused decode attention's scores and value sums on tensor cores (cuda::DecodeAttentionShape::tensor_cores;
   // q and the probabilities in fp16); false: the float32 build.
   bool decode_attention_tensor_cores = true;
+  // Diagnostic only (the step's outputs are then wrong): launches of the fused step left out, a bit per phase of
+  // every layer (kSkipQkv ... kSkipDown). What the step loses without a phase is that phase's marginal cost in
+  // the overlapped pipeline: the most that fusing it away or speeding it up could give (bench suffix -skipN;
+  // docs/PERFORMANCE.md, session 19).
+  uint32_t decode_skip_phases = 0;
+  static constexpr uint32_t kSkipQkv = 1, kSkipAttention = 2, kSkipO = 4, kSkipGateUp = 8, kSkipDown = 16;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
