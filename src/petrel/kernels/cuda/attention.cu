@@ -586,6 +586,9 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
   // q, k, v are the previous kernel's output: read through L2 after the wait.
   wait_for_previous_kernel();
   stamp(1);
+  // kTimeline's diagnostic stops (timeline.h), only where this block holds every position (no combine counters).
+  const uint32_t stop = kTimeline && !kPrefill && active == 1 ? a.timeline.probe : 0u;
+  if (stop & kProbeAttentionStopAfterWait) return;
   const int64_t q_row = kPrefill ? int64_t{blockIdx.z} * a.n_heads : 0;  // this token's query and output rows
   // This token's key and value: by a warp that rotated no query when there is one (warp `group`), else by warp 0,
   // its loads of k and v issued before those of its queries: all go out together (one L2 round trip fewer on
@@ -670,6 +673,7 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
   // registers with no merge.
   const bool lone_slot = !kTensorCores && a.slots == 1;
   stamp(2);  // the queries rotated, this token's key and value stored
+  if (stop & kProbeAttentionStopAfterQueries) return;
   if constexpr (kTensorCores) {
     chunks_with_mma<kMma, kTimeline>(a, layout, shared_bytes, q_rows, token_key, token_value, rounds, n_chunks, begin, end,
                                      own_row, slot, lane, acc_state, max_state, sum_state, stage_chunk, stamp);
@@ -752,6 +756,7 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
     }
   }
   stamp(6);
+  if (stop & kProbeAttentionStopAfterChunks) return;
   if (!lone_slot) {
     __syncthreads();  // every slot's state in shared memory
     // The slots' states merged per head (in slot order; one slot: its state as it is): M = max_s m_s,

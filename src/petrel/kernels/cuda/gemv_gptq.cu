@@ -663,6 +663,15 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   stamp(5);  // every load, prefetch and copy above issued
   wait_for_previous_kernel();
   stamp(1);
+  if constexpr (kTimeline && kBits == 4 && kInput == GemvInput::kPlain) {  // diagnostic (timeline.h): o's chain left out
+    if (probe & kProbePlainGemvStopAfterWait) {
+      if (threadIdx.x == 0) {
+        timeline_append(a.timeline, a.parts[0].qweight, 0x10u * kBits + static_cast<uint32_t>(kInput),
+                        static_cast<uint32_t>(slice.steps), stamps);
+      }
+      return;
+    }
+  }
   float4* x_cache = nullptr;
   if constexpr (kInput == GemvInput::kRmsNorm) {
     __shared__ float4 norm_cache[kNormCacheVectors];

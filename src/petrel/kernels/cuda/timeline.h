@@ -34,10 +34,17 @@ struct TimelineRing {
   // kernels compute, so their outputs are wrong: for timing questions only (bench `-probeN` variants).
   //   kProbeNormSliceOnly: RMSNorm GEMVs sum the squares of their own input slice only, not all of x;
   //   kProbeNormNoWeight: RMSNorm GEMVs read no norm weights (1);
-  //   kProbeTouchArgs: the GEMVs and attention read every parameter they use after the wait before it.
+  //   kProbeTouchArgs: the GEMVs and attention read every parameter they use after the wait before it;
+  //   kProbeAttentionStopAfterWait / AfterQueries / AfterChunks: decode attention's blocks return right after the
+  //     wait, after the queries are rotated and the token's row stored, or after their chunks (no merge, no
+  //     output), where a block holds every position (a short cache: one active block a KV head); so that the
+  //     step's time without the rest of the chain says what that part costs in the overlapped step;
+  //   kProbePlainGemvStopAfterWait: the 4-bit plain-input GEMVs (o) return right after the wait.
   uint32_t probe = 0;
 };
-constexpr uint32_t kProbeNormSliceOnly = 1, kProbeNormNoWeight = 2, kProbeTouchArgs = 4;
+constexpr uint32_t kProbeNormSliceOnly = 1, kProbeNormNoWeight = 2, kProbeTouchArgs = 4, kProbeAttentionStopAfterWait = 8,
+                   kProbeAttentionStopAfterQueries = 16, kProbeAttentionStopAfterChunks = 32,
+                   kProbePlainGemvStopAfterWait = 64;
 constexpr int kTimelineWords = 12;
 constexpr int kTimelineStamps = 9;  // t0 .. t8
 constexpr uint32_t kTimelineAttention = 0x100;
