@@ -76,21 +76,16 @@ int run_bench(const BenchFlags& f) {
   auto model = LlamaModel::load(f.model);
   if (!model.ok()) return report_error(cmd, model.status());
   const LlamaConfig& c = (*model)->config();
-  {
-    int64_t longest = 0;
-    for (int64_t n : *tg) longest = std::max(longest, n);
-    for (int64_t n : *pp) longest = std::max(longest, n);
-    if (deepest + longest > c.max_position_embeddings) {
-      return report_error(cmd, invalid_argument("-d " + std::to_string(deepest) + " plus a test of " + std::to_string(longest) +
-                                                " tokens exceeds the model's " + std::to_string(c.max_position_embeddings) +
-                                                " positions"));
-    }
+  int64_t longest = 1;  // the longest test, in tokens
+  for (int64_t n : *tg) longest = std::max(longest, n);
+  for (int64_t n : *pp) longest = std::max(longest, n);
+  if (deepest + longest > c.max_position_embeddings) {
+    return report_error(cmd, invalid_argument("-d " + std::to_string(deepest) + " plus a test of " + std::to_string(longest) +
+                                              " tokens exceeds the model's " + std::to_string(c.max_position_embeddings) +
+                                              " positions"));
   }
   std::unique_ptr<CudaModel> gpu;  // --backend cuda: weights uploaded once, KV cache on the GPU
   if (f.backend == "cuda") {
-    int64_t longest = 1;
-    for (int64_t n : *tg) longest = std::max(longest, n);
-    for (int64_t n : *pp) longest = std::max(longest, n);
     CudaModelOptions options;
     options.context_length = deepest + longest;
     // The whole prompt in one chunk (llama-bench's pp is one batch of n tokens), up to 512 at a time.

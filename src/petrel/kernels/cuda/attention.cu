@@ -69,7 +69,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 #include <cmath>
 #include <mutex>
@@ -693,13 +692,13 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
         // This head's running state in this slot: fresh on the slot's first chunk, from shared memory on later ones.
         float m = -INFINITY, l = 0.0f;
         float2 acc[kPairs];
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(0.0f, 0.0f);
         const float2* state = reinterpret_cast<const float2*>(acc_state + g * a.head_dim);
         if (r > 0) {
           m = max_state[g];
           l = sum_state[g];
-  #pragma unroll
+#pragma unroll
           for (int j = 0; j < kPairs; ++j) {
             if (lane + 32 * j < half) acc[j] = state[lane + 32 * j];
           }
@@ -715,14 +714,14 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
         l = l * correction + warp_sum(prob);
         m = m_new;
         if (r == 0) stamp(4);
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kPairs; ++j) acc[j] = make_float2(acc[j].x * correction, acc[j].y * correction);
         // Values: row u weighted by the probability lane u computed.
-  #pragma unroll 4
+#pragma unroll 4
         for (int u = 0; u < count; ++u) {
           const float weight = __shfl_sync(0xFFFFFFFFu, prob, u);
           const __half2* row = reinterpret_cast<const __half2*>(c0 + u == own_row ? token_value : value_rows + u * a.head_dim);
-  #pragma unroll
+#pragma unroll
           for (int j = 0; j < kPairs; ++j) {
             const int vp = lane + 32 * j;
             if (vp < half) {
@@ -738,7 +737,7 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
         }
         // The state for the slot's next chunk, or for the merge of the slots below.
         float2* keep = reinterpret_cast<float2*>(acc_state + g * a.head_dim);
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kPairs; ++j) {
           if (lane + 32 * j < half) keep[lane + 32 * j] = acc[j];
         }
