@@ -8,7 +8,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev libhwy-dev libsentencepiece-dev
   libxxhash-dev libopenblas-dev liblapacke-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  python3
+  python3 python3-venv
 )
 
 SUDO=""

@@ -123,15 +123,16 @@ int32_t Sampler::sample_top(std::span<const float> values, std::span<const int32
 }
 
 int32_t Sampler::draw() {
-  // 3. top-p on the temperature-1 distribution of the survivors.
+  // 3. top-p on the temperature-1 distribution of the survivors (Genie), or on the tempered one.
   if (config_.top_p < 1.0f) {
     const float max_logit = candidates_.front().first;
+    const double scale = config_.top_p_after_temperature ? 1.0 / config_.temperature : 1.0;
     double total = 0.0;
-    for (const auto& c : candidates_) total += std::exp(static_cast<double>(c.first - max_logit));
+    for (const auto& c : candidates_) total += std::exp(static_cast<double>(c.first - max_logit) * scale);
     double cumulative = 0.0;
     size_t keep = 0;
     while (keep < candidates_.size()) {
-      cumulative += std::exp(static_cast<double>(candidates_[keep].first - max_logit)) / total;
+      cumulative += std::exp(static_cast<double>(candidates_[keep].first - max_logit) * scale) / total;
       ++keep;
       if (cumulative >= config_.top_p) break;
     }

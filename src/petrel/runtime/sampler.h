@@ -25,6 +25,9 @@ struct SamplerConfig {
   float presence_penalty = 0.0f;    // subtracted once from every token seen
   float frequency_penalty = 0.0f;   // subtracted per occurrence
   int32_t penalize_last_n = 64;     // how much history the penalties see; 0: all of it
+  // Genie applies top-p to the temperature-1 distribution; OpenAI, vLLM and transformers to the distribution
+  // after the temperature (the server sets this).
+  bool top_p_after_temperature = false;
 
   bool is_greedy() const { return greedy || temperature <= 0.0f || top_k == 1; }
   bool penalizes() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }

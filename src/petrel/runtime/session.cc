@@ -226,6 +226,13 @@ Result<QueryResult> Session::query(const nlohmann::ordered_json& messages, const
   }
   PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt,
                           build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), messages, tools, prompt_options));
+  return query_prompt(prompt, config, on_token);
+}
+
+Result<QueryResult> Session::query_prompt(const ChatPrompt& prompt, const GenerationConfig& config,
+                                          const StreamCallback& on_token) {
+  PETREL_RETURN_IF_ERROR(init_status_);
+  if (prompt.tokens.empty()) return invalid_argument("query: the prompt has no tokens");
   // Reuse the longest prefix already in the cache; at least one token must be processed to get logits.
   size_t common = 0;
   while (common < history_.size() && common < prompt.tokens.size() && history_[common] == prompt.tokens[common]) ++common;
@@ -239,6 +246,7 @@ Result<QueryResult> Session::query(const nlohmann::ordered_json& messages, const
   PETREL_ASSIGN_OR_RETURN(QueryResult result,
                           query_tokens(std::span<const int32_t>(prompt.tokens).subspan(common), config, on_token));
   result.stats.reused_tokens = static_cast<int64_t>(common);
+  result.starts_in_reasoning = prompt.starts_in_reasoning;
   return result;
 }
 

@@ -63,6 +63,7 @@ struct QueryResult {
   std::string text;  // decoded, stop string removed
   StopReason reason = StopReason::kMaxTokens;
   QueryStats stats;
+  bool starts_in_reasoning = false;  // query(): the prompt ended inside an opened <think> block
 };
 
 // Streaming callback: each token and the text it completes (possibly empty); return false to stop.
@@ -139,6 +140,9 @@ class Session {
   Result<QueryResult> query(const nlohmann::ordered_json& messages, const GenerationConfig& config,
                             const ChatPromptOptions& prompt_options = {}, const StreamCallback& on_token = {},
                             const nlohmann::ordered_json* tools = nullptr);
+  // The same for a prompt already built (build_chat_prompt): its tokens are the whole conversation.
+  Result<QueryResult> query_prompt(const ChatPrompt& prompt, const GenerationConfig& config,
+                                   const StreamCallback& on_token = {});
 
   void abort() { abort_.store(true); }  // thread-safe; the running query stops after its current token
   void reset();

@@ -1,0 +1,459 @@
+#include "petrel/serve/openai_api.h"
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <mutex>
+#include <random>
+
+#include "petrel/serve/json_text.h"
+#include "petrel/text/reasoning.h"
+
+namespace petrel::serve {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+ApiError bad(std::string param, std::string message) {
+  ApiError e;
+  e.param = param;
+  e.message = param.empty() ? std::move(message) : param + ": " + message;
+  return e;
+}
+
+// Random hex for ids (chatcmpl-..., call_...): unique enough for a client to tell them apart.
+std::string random_hex(int digits) {
+  static std::mutex mutex;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mutex);
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < digits; ++i) s += kHex[rng() & 15];
+  return s;
+}
+
+const char* type_name(const ojson& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+// Optional typed fields: absent and null are "not given"; anything of the wrong type is an error naming the key.
+std::optional<ApiError> get_number(const ojson& obj, const char* key, double lo, double hi, std::optional<double>& out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return bad(key, std::string("expected a number, got ") + type_name(*it));
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return bad(key, std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_integer(const ojson& obj, const char* key, int64_t lo, int64_t hi, std::optional<int64_t>& out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) return bad(key, std::string("expected an integer, got ") + type_name(*it));
+  const int64_t v = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : it->get<int64_t>();
+  if (v < lo || v > hi) return bad(key, std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_bool(const ojson& obj, const char* key, bool& out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return bad(key, std::string("expected a boolean, got ") + type_name(*it));
+  out = it->get<bool>();
+  return std::nullopt;
+}
+
+// A message's content as one string: a string, null (""), or a list of text parts joined by newlines.
+std::variant<ojson, ApiError> content_of(const ojson& m, const std::string& where) {
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return ojson();
+  if (it->is_string()) return *it;
+  if (!it->is_array()) return bad(where + ".content", std::string("expected a string or a list of parts, got ") + type_name(*it));
+  std::string text;
+  for (size_t p = 0; p < it->size(); ++p) {
+    const ojson& part = (*it)[p];
+    const std::string at = where + ".content[" + std::to_string(p) + "]";
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      return bad(at, "only {\"type\": \"text\", \"text\": \"...\"} parts are supported");
+    }
+    if (p) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return ojson(text);
+}
+
+std::variant<ojson, ApiError> check_messages(const ojson& messages, const ServeLimits& limits) {
+  if (!messages.is_array() || messages.empty()) return bad("messages", "expected a non-empty array");
+  if (messages.size() > limits.max_messages) {
+    return bad("messages", std::to_string(messages.size()) + " messages, more than the limit " + std::to_string(limits.max_messages));
+  }
+  ojson out = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad(where, std::string("expected an object, got ") + type_name(m));
+    if (!m.contains("role") || !m["role"].is_string()) return bad(where + ".role", "expected a string");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "ipython") {
+      return bad(where + ".role", "'" + role + "' is not one of system, developer, user, assistant, tool, ipython");
+    }
+    auto content = content_of(m, where);
+    if (auto* e = std::get_if<ApiError>(&content)) return *e;
+    ojson n = {{"role", role}, {"content", std::get<ojson>(content)}};
+    if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      const ojson& calls = m["tool_calls"];
+      if (!calls.is_array()) return bad(where + ".tool_calls", "expected an array");
+      ojson checked = ojson::array();
+      for (size_t c = 0; c < calls.size(); ++c) {
+        const std::string at = where + ".tool_calls[" + std::to_string(c) + "]";
+        const ojson& call = calls[c];
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+          return bad(at, "expected {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
+        }
+        const ojson& f = call["function"];
+        if (!f.contains("name") || !f["name"].is_string()) return bad(at + ".function.name", "expected a string");
+        ojson args = f.contains("arguments") ? f["arguments"] : ojson::object();
+        if (!args.is_string() && !args.is_object()) return bad(at + ".function.arguments", "expected a JSON string or object");
+        ojson checked_call = {{"type", "function"}, {"function", {{"name", f["name"]}, {"arguments", args}}}};
+        if (call.contains("id") && call["id"].is_string()) checked_call["id"] = call["id"];
+        checked.push_back(std::move(checked_call));
+      }
+      if (!checked.empty()) n["tool_calls"] = std::move(checked);
+    } else if (n["content"].is_null() && role != "assistant") {
+      return bad(where + ".content", "a " + role + " message needs content");
+    }
+    if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) n["tool_call_id"] = m["tool_call_id"];
+    if (m.contains("name") && m["name"].is_string()) n["name"] = m["name"];
+    if (n["content"].is_null()) n["content"] = "";
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+std::variant<ojson, ApiError> check_tools(const ojson& tools) {
+  if (tools.is_null()) return ojson();
+  if (!tools.is_array()) return bad("tools", std::string("expected an array, got ") + type_name(tools));
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object() || t.value("type", "function") != "function" || !t.contains("function") || !t["function"].is_object()) {
+      return bad(where, "expected {\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}");
+    }
+    const ojson& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty()) {
+      return bad(where + ".function.name", "expected a non-empty string");
+    }
+    if (f.contains("parameters") && !f["parameters"].is_object() && !f["parameters"].is_null()) {
+      return bad(where + ".function.parameters", "expected a JSON schema object");
+    }
+  }
+  return tools.empty() ? ojson() : tools;
+}
+
+std::string finish_reason_name(StopReason reason, bool calls, bool timed_out) {
+  if (calls) return "tool_calls";
+  if (timed_out || reason == StopReason::kMaxTokens || reason == StopReason::kContextFull) return "length";
+  return "stop";
+}
+
+}  // namespace
+
+ojson ApiError::to_json() const {
+  return {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? ojson() : ojson(param)},
+                     {"code", http_status == 400 && type == "invalid_request_error" ? ojson() : ojson(http_status)}}}};
+}
+
+ApiError api_error_from_status(const Status& status) {
+  ApiError e;
+  e.message = status.message();
+  switch (status.code()) {
+    case ErrorCode::kOutOfRange:
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kInvalidData:
+    case ErrorCode::kNotFound:
+      e.http_status = 400;
+      break;
+    case ErrorCode::kUnsupported:
+      e.http_status = 400;
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+  }
+  return e;
+}
+
+std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ServeLimits& limits) {
+  if (body.size() > limits.max_request_bytes) {
+    ApiError e = bad("", "the request body has " + std::to_string(body.size()) + " bytes, more than the limit " +
+                             std::to_string(limits.max_request_bytes));
+    e.http_status = 413;
+    return e;
+  }
+  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(j));
+  if (!json_depth_within(j, limits.max_json_depth)) {
+    return bad("", "the request nests arrays/objects deeper than " + std::to_string(limits.max_json_depth));
+  }
+  ChatRequest r;
+  if (j.contains("model") && j["model"].is_string()) r.model = j["model"].get<std::string>();
+  auto messages = check_messages(j.contains("messages") ? j["messages"] : ojson(), limits);
+  if (auto* e = std::get_if<ApiError>(&messages)) return *e;
+  r.messages = std::move(std::get<ojson>(messages));
+  auto tools = check_tools(j.contains("tools") ? j["tools"] : ojson());
+  if (auto* e = std::get_if<ApiError>(&tools)) return *e;
+  r.tools = std::move(std::get<ojson>(tools));
+
+  if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
+    const ojson& c = j["tool_choice"];
+    if (c.is_string()) {
+      r.tool_choice = c.get<std::string>();
+      if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tool_choice != "required") {
+        return bad("tool_choice", "'" + r.tool_choice + "' is not none, auto, required or {\"type\": \"function\", ...}");
+      }
+    } else if (c.is_object() && c.contains("function") && c["function"].is_object() && c["function"].contains("name") &&
+               c["function"]["name"].is_string()) {
+      r.tool_choice = c["function"]["name"].get<std::string>();
+      r.forced_function = true;
+      bool known = false;
+      for (const ojson& t : r.tools.is_array() ? r.tools : ojson::array()) known |= t["function"]["name"] == r.tool_choice;
+      if (!known) return bad("tool_choice", "names '" + r.tool_choice + "', which is not in tools");
+    } else {
+      return bad("tool_choice", "expected a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if ((r.tool_choice == "required" || r.forced_function) && r.tools.is_null()) return bad("tool_choice", "needs tools");
+  }
+
+  if (auto e = get_bool(j, "stream", r.stream)) return *e;
+  if (j.contains("stream_options") && j["stream_options"].is_object()) {
+    if (auto e = get_bool(j["stream_options"], "include_usage", r.include_usage)) {
+      e->param = "stream_options.include_usage";
+      return *e;
+    }
+  }
+  std::optional<double> number;
+  if (auto e = get_number(j, "temperature", 0.0, 2.0, number)) return *e;
+  if (number) r.temperature = static_cast<float>(*number);
+  number.reset();
+  if (auto e = get_number(j, "top_p", 0.0, 1.0, number)) return *e;
+  if (number) {
+    if (*number <= 0.0) return bad("top_p", "must be greater than 0");
+    r.top_p = static_cast<float>(*number);
+  }
+  number.reset();
+  if (auto e = get_number(j, "presence_penalty", -2.0, 2.0, number)) return *e;
+  r.presence_penalty = static_cast<float>(number.value_or(0.0));
+  number.reset();
+  if (auto e = get_number(j, "frequency_penalty", -2.0, 2.0, number)) return *e;
+  r.frequency_penalty = static_cast<float>(number.value_or(0.0));
+  std::optional<int64_t> integer;
+  if (auto e = get_integer(j, "top_k", -1, 1 << 20, integer)) return *e;
+  if (integer) r.top_k = static_cast<int32_t>(std::max<int64_t>(*integer, 0));  // -1 (vLLM): off
+  integer.reset();
+  if (auto e = get_integer(j, "seed", INT64_MIN, INT64_MAX, integer)) return *e;
+  if (integer) r.seed = static_cast<uint64_t>(*integer);
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    integer.reset();
+    if (auto e = get_integer(j, key, 1, INT64_MAX, integer)) return *e;
+    if (integer) r.max_tokens = std::min(*integer, limits.max_tokens);
+  }
+  integer.reset();
+  if (auto e = get_integer(j, "n", 1, INT64_MAX, integer)) return *e;
+  if (integer && *integer != 1) return bad("n", "only n = 1 is supported");
+  bool flag = false;
+  if (auto e = get_bool(j, "logprobs", flag)) return *e;
+  if (flag) return bad("logprobs", "log probabilities are not supported");
+  if (j.contains("response_format") && j["response_format"].is_object() && j["response_format"].value("type", "text") != "text") {
+    return bad("response_format", "only {\"type\": \"text\"} is supported");
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const ojson& s = j["stop"];
+    const ojson list = s.is_string() ? ojson::array({s}) : s;
+    if (!list.is_array() || list.size() > 16) return bad("stop", "expected a string or up to 16 strings");
+    for (const ojson& item : list) {
+      if (!item.is_string() || item.get<std::string>().empty()) return bad("stop", "each stop sequence must be a non-empty string");
+      r.stop.push_back(item.get<std::string>());
+    }
+  }
+  // The reasoning switch, three spellings.
+  if (j.contains("reasoning_effort") && j["reasoning_effort"].is_string()) {
+    const std::string effort = j["reasoning_effort"].get<std::string>();
+    if (effort == "none" || effort == "minimal") r.reasoning = text::ReasoningMode::kOff;
+    else if (effort == "low" || effort == "medium" || effort == "high") r.reasoning = text::ReasoningMode::kOn;
+    else return bad("reasoning_effort", "'" + effort + "' is not none, minimal, low, medium or high");
+  }
+  if (j.contains("chat_template_kwargs") && j["chat_template_kwargs"].is_object()) {
+    bool thinking = false;
+    const ojson& kwargs = j["chat_template_kwargs"];
+    if (kwargs.contains("enable_thinking")) {
+      if (auto e = get_bool(kwargs, "enable_thinking", thinking)) {
+        e->param = "chat_template_kwargs.enable_thinking";
+        return *e;
+      }
+      r.reasoning = thinking ? text::ReasoningMode::kOn : text::ReasoningMode::kOff;
+    }
+  }
+  if (j.contains("reasoning") && j["reasoning"].is_string()) {
+    auto mode = text::parse_reasoning_mode(j["reasoning"].get<std::string>());
+    if (!mode.ok()) return bad("reasoning", mode.status().message());
+    r.reasoning = *mode;
+  }
+  return r;
+}
+
+std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, const ChatRequest& request,
+                                                  const CompletionOptions& options,
+                                                  const std::function<bool(const std::string&)>& emit) {
+  // Tools: shown to the model unless tool_choice is "none"; a named function narrows them to that one.
+  ojson tools = request.tool_choice == "none" ? ojson() : request.tools;
+  if (request.forced_function) {
+    ojson one = ojson::array();
+    for (const ojson& t : tools) {
+      if (t["function"]["name"] == request.tool_choice) one.push_back(t);
+    }
+    tools = one;
+  }
+  const bool use_tools = tools.is_array() && !tools.empty();
+  if (use_tools && options.tool_format == ToolCallFormat::kNone) {
+    return bad("tools", "this model has no known tool-call format (start petrel serve with --tool-format nemotron, "
+                        "llama3-json or hermes)");
+  }
+  const ToolCallFormat format = use_tools ? options.tool_format : ToolCallFormat::kNone;
+  auto prepared = prepare_conversation(request.messages, tools, format, options.template_writes_tools);
+  if (!prepared.ok()) return bad("messages", prepared.status().message());
+
+  ChatTurn turn;
+  turn.messages = std::move(prepared->messages);
+  turn.tools = prepared->tools.is_array() ? &prepared->tools : nullptr;
+  turn.prompt.reasoning = request.reasoning;
+  turn.prompt.reasoning_style = options.reasoning_style;
+  turn.prompt.prefill_empty_thinking_when_off = options.prefill_empty_thinking_when_off;
+  SamplerConfig& s = turn.generation.sampler;
+  s.temperature = request.temperature.value_or(options.defaults.temperature);
+  s.top_p = request.top_p.value_or(options.defaults.top_p);
+  s.top_k = request.top_k.value_or(options.defaults.top_k);
+  s.greedy = s.temperature <= 0.0f;
+  s.seed = request.seed;
+  s.presence_penalty = request.presence_penalty;
+  s.frequency_penalty = request.frequency_penalty;
+  s.penalize_last_n = 0;
+  s.top_p_after_temperature = true;
+  turn.generation.max_new_tokens = std::min(request.max_tokens.value_or(options.defaults.max_tokens), options.limits.max_tokens);
+  turn.generation.stop_strings = request.stop;
+  if (const std::string stop = tool_call_stop_string(format); !stop.empty()) turn.generation.stop_strings.push_back(stop);
+
+  const std::string id = "chatcmpl-" + random_hex(24);
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  auto chunk = [&](ojson delta, ojson finish) {
+    ojson c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options.model_name},
+               {"choices", ojson::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}}})}};
+    return "data: " + c.dump() + "\n\n";
+  };
+
+  // The output's text goes through the reasoning split, then (the answer) through the tool-call stream.
+  std::optional<text::ReasoningSplitter> splitter;
+  ToolCallStream calls_stream(format);
+  std::string reasoning, content;
+  bool client_gone = false, timed_out = false, role_sent = false;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options.limits.max_request_seconds));
+  auto send = [&](const std::string& event) {
+    if (!request.stream || client_gone) return;
+    if (!role_sent) {
+      role_sent = true;
+      if (!emit(chunk({{"role", "assistant"}, {"content", ""}}, nullptr))) client_gone = true;
+    }
+    if (!client_gone && !emit(event)) client_gone = true;
+  };
+  auto route = [&](const text::ReasoningSplit& split) {
+    if (!split.reasoning.empty()) {
+      reasoning += split.reasoning;
+      send(chunk({{"reasoning_content", split.reasoning}}, nullptr));
+    }
+    if (!split.answer.empty()) {
+      const std::string out = calls_stream.feed(split.answer);
+      if (!out.empty()) {
+        content += out;
+        send(chunk({{"content", out}}, nullptr));
+      }
+    }
+  };
+  GenerationEvents events;
+  events.started = [&](bool starts_in_reasoning) {
+    text::ReasoningSplitter::Options o;
+    o.starts_in_reasoning = starts_in_reasoning;
+    splitter.emplace(o);
+  };
+  events.text = [&](std::string_view text) {
+    if (!splitter) splitter.emplace();
+    route(splitter->feed(text));
+    if (Clock::now() > deadline) timed_out = true;
+    return !client_gone && !timed_out;
+  };
+  auto output = generator.generate(turn, events);
+  if (!output.ok()) {
+    ApiError e = api_error_from_status(output.status());
+    if (output.status().code() == ErrorCode::kOutOfRange) e.param = "messages";
+    if (!request.stream || !role_sent) return e;
+    emit("data: " + e.to_json().dump() + "\n\n");
+    emit("data: [DONE]\n\n");
+    return ojson();
+  }
+  if (splitter) route(splitter->finish());
+  ParsedToolCalls parsed = calls_stream.finish();
+  if (!parsed.content.empty()) {
+    content += parsed.content;
+    send(chunk({{"content", parsed.content}}, nullptr));
+  }
+  ojson tool_calls = ojson::array();
+  for (size_t i = 0; i < parsed.calls.size(); ++i) {
+    tool_calls.push_back({{"id", "call_" + random_hex(24)}, {"type", "function"},
+                          {"function", {{"name", parsed.calls[i].name}, {"arguments", parsed.calls[i].arguments}}}});
+  }
+  const std::string finish = finish_reason_name(output->reason, !tool_calls.empty(), timed_out);
+  const ojson usage = {{"prompt_tokens", output->prompt_tokens},
+                       {"completion_tokens", output->completion_tokens},
+                       {"total_tokens", output->prompt_tokens + output->completion_tokens}};
+  if (request.stream) {
+    for (size_t i = 0; i < tool_calls.size(); ++i) {
+      ojson call = tool_calls[i];
+      call["index"] = i;
+      send(chunk({{"tool_calls", ojson::array({call})}}, nullptr));
+    }
+    send(chunk(ojson::object(), finish));
+    if (request.include_usage) {
+      ojson u = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options.model_name},
+                 {"choices", ojson::array()}, {"usage", usage}};
+      send("data: " + u.dump() + "\n\n");
+    }
+    send("data: [DONE]\n\n");
+    return ojson();
+  }
+  // Non-streaming: the text before a call, trimmed as the parsers do; null when only calls remain.
+  if (!tool_calls.empty()) {
+    while (!content.empty() && (content.back() == '\n' || content.back() == ' ')) content.pop_back();
+  }
+  ojson message = {{"role", "assistant"}, {"content", tool_calls.empty() || !content.empty() ? ojson(content) : ojson()}};
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+  if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
+  ojson result = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", options.model_name},
+                  {"choices", ojson::array({{{"index", 0}, {"message", std::move(message)}, {"logprobs", nullptr}, {"finish_reason", finish}}})},
+                  {"usage", usage}};
+  if (!parsed.error.empty()) result["petrel_tool_call_error"] = parsed.error;
+  return result;
+}
+
+}  // namespace petrel::serve

@@ -1,0 +1,136 @@
+// The OpenAI chat completions protocol, apart from HTTP: a request's JSON checked into a typed ChatRequest, a
+// completion run through a ChatGenerator (a model, or a script in tests), and the answer written as one
+// chat.completion object or as server-sent-event chunks (chat.completion.chunk ... then [DONE]).
+//
+// What a request may hold (anything else is ignored, as OpenAI does with unknown keys; values of the wrong type
+// are a 400 naming the key): model, messages (system/developer, user, assistant with content and tool_calls,
+// tool/ipython results; content as a string, null, or a list of text parts), tools and tool_choice ("none",
+// "auto", "required", or {"type": "function", "function": {"name"}}), stream and stream_options.include_usage,
+// max_tokens / max_completion_tokens, temperature, top_p, top_k (an extension, as vLLM), seed, stop (a string or
+// up to 4), presence_penalty, frequency_penalty, n (1 only), and the reasoning switch: "reasoning": "on"|"off"|
+// "default" (petrel), chat_template_kwargs.enable_thinking (vLLM's convention) or reasoning_effort ("none" or
+// "minimal" off, "low"/"medium"/"high" on). logprobs, n > 1 and response_format other than text are refused
+// with a 400 instead of being silently ignored.
+//
+// The answer: message.content (null when the answer is only tool calls), message.reasoning_content (the text
+// inside <think>...</think>, vLLM's field), message.tool_calls ({id, type: "function", function: {name,
+// arguments}}), finish_reason "stop", "length" or "tool_calls", and exact usage counts (prompt_tokens counts the
+// whole rendered prompt, also the part found in the KV cache).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "petrel/runtime/generate.h"
+#include "petrel/runtime/prompt.h"
+#include "petrel/runtime/session.h"
+#include "petrel/serve/tool_calls.h"
+#include "petrel/util/status.h"
+
+namespace petrel::serve {
+
+struct ServeLimits {
+  size_t max_request_bytes = 4u << 20;  // the HTTP body
+  int max_json_depth = 64;              // nesting of arrays and objects in a request
+  size_t max_messages = 4096;
+  int64_t max_tokens = 4096;            // the most a request may generate (its own max_tokens is clamped to this)
+  double max_request_seconds = 600;     // a generation running longer stops with finish_reason "length"
+};
+
+// Server-wide defaults for what a request leaves out.
+struct ChatDefaults {
+  float temperature = 1.0f;  // OpenAI's defaults
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  int64_t max_tokens = 1024;
+};
+
+struct ChatRequest {
+  std::string model;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools;  // null or a non-empty array of {"type": "function", "function": {...}}
+  std::string tool_choice = "auto";  // "none", "auto", "required"; or a function's name (the call is required)
+  bool forced_function = false;      // tool_choice named a function
+  bool stream = false;
+  bool include_usage = false;
+  std::optional<float> temperature, top_p;
+  std::optional<int32_t> top_k;
+  std::optional<uint64_t> seed;
+  std::optional<int64_t> max_tokens;
+  float presence_penalty = 0, frequency_penalty = 0;
+  std::vector<std::string> stop;
+  text::ReasoningMode reasoning = text::ReasoningMode::kDefault;
+};
+
+// An error for the client: HTTP status, OpenAI error type and the parameter at fault.
+struct ApiError {
+  int http_status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // may be empty
+  nlohmann::ordered_json to_json() const;
+};
+
+// Parses and checks a request body. Every failure names the key (e.g. "messages[2].content: expected a string").
+std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ServeLimits& limits);
+
+// What a generator is asked to do: the prepared conversation (tool_calls.h) and how to sample.
+struct ChatTurn {
+  nlohmann::ordered_json messages;
+  const nlohmann::ordered_json* tools = nullptr;  // for the template; null when none
+  ChatPromptOptions prompt;
+  GenerationConfig generation;
+};
+
+struct ChatOutput {
+  std::string text;  // decoded, stop strings removed
+  StopReason reason = StopReason::kMaxTokens;
+  int64_t prompt_tokens = 0;      // the whole prompt
+  int64_t completion_tokens = 0;  // generated, stop token included
+  bool starts_in_reasoning = false;
+};
+
+// What a generator reports while it runs: started() once the prompt is built, before any text (whether the
+// prompt left the output inside an opened <think> block); text() with the decoded text as it comes (return
+// false to stop).
+struct GenerationEvents {
+  std::function<void(bool starts_in_reasoning)> started;
+  std::function<bool(std::string_view)> text;
+};
+
+// Runs one turn. Implementations: the engine's (serve/server.h) and scripted ones in tests.
+class ChatGenerator {
+ public:
+  virtual ~ChatGenerator() = default;
+  virtual Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) = 0;
+};
+
+struct CompletionOptions {
+  std::string model_name = "petrel";
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
+  bool template_writes_tools = false;  // tool_calls.h: else petrel writes kNemotron's tags into the messages
+  ChatDefaults defaults;
+  ServeLimits limits;
+  std::optional<text::ReasoningStyle> reasoning_style;  // unset: detected from the template
+  bool prefill_empty_thinking_when_off = true;
+};
+
+// Runs a checked request. Streaming requests write each server-sent event through `emit` ("data: {...}\n\n",
+// the last "data: [DONE]\n\n"; emit returns false when the client has gone, which stops generation) and return
+// null; others return the chat.completion object. An ApiError comes back only before anything was emitted
+// (later failures are sent as an error event and the stream is closed).
+std::variant<nlohmann::ordered_json, ApiError> run_chat_completion(ChatGenerator& generator, const ChatRequest& request,
+                                                                  const CompletionOptions& options,
+                                                                  const std::function<bool(const std::string&)>& emit);
+
+// An ApiError for a library Status (context full: 400 with code context_length_exceeded; bad input 400; other 500).
+ApiError api_error_from_status(const Status& status);
+
+}  // namespace petrel::serve

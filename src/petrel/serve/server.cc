@@ -1,0 +1,191 @@
+#include "petrel/serve/server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <exception>
+
+
+namespace petrel::serve {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+void send_json(httplib::Response& res, int status, const ojson& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.http_status, e.to_json()); }
+
+ApiError simple_error(int status, std::string type, std::string message) {
+  ApiError e;
+  e.http_status = status;
+  e.type = std::move(type);
+  e.message = std::move(message);
+  return e;
+}
+
+// Holds a place in the line for the model: counted while waiting and running.
+class WaitingSlot {
+ public:
+  explicit WaitingSlot(std::atomic<int>& waiting) : waiting_(waiting) { waiting_.fetch_add(1); }
+  ~WaitingSlot() { waiting_.fetch_sub(1); }
+  WaitingSlot(const WaitingSlot&) = delete;
+  WaitingSlot& operator=(const WaitingSlot&) = delete;
+
+ private:
+  std::atomic<int>& waiting_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<EngineGenerator>> EngineGenerator::create(std::shared_ptr<const Engine> engine, int64_t context_length,
+                                                                 KvType kv_type) {
+  if (!engine->tokenizer() || !engine->templates()) {
+    return invalid_argument("serve: the model needs tokenizer.json and a chat template (tokenizer_config.json)");
+  }
+  auto generator = std::unique_ptr<EngineGenerator>(new EngineGenerator());
+  PETREL_ASSIGN_OR_RETURN(generator->session_, Session::create(engine, context_length, kv_type));
+  generator->engine_ = std::move(engine);
+  return generator;
+}
+
+ToolCallFormat EngineGenerator::detected_tool_format() const {
+  return detect_tool_call_format(engine_->templates()->select(/*has_tools=*/true).source());
+}
+
+bool EngineGenerator::template_writes_tools() const {
+  return serve::template_writes_tools(engine_->templates()->select(/*has_tools=*/true).source());
+}
+
+Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const GenerationEvents& events) {
+  PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt, build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), turn.messages,
+                                                               turn.tools, turn.prompt));
+  if (events.started) events.started(prompt.starts_in_reasoning);
+  auto on_token = [&](int32_t, std::string_view text) { return text.empty() || !events.text || events.text(text); };
+  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, turn.generation, on_token));
+  ChatOutput out;
+  out.text = std::move(result.text);
+  out.reason = result.reason;
+  out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
+  out.completion_tokens = result.stats.generated_tokens;
+  out.starts_in_reasoning = prompt.starts_in_reasoning;
+  return out;
+}
+
+Server::Server(std::shared_ptr<ChatGenerator> generator, ServerOptions options)
+    : generator_(std::move(generator)), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  install_routes();
+}
+
+Server::~Server() { stop(); }
+
+void Server::install_routes() {
+  httplib::Server& http = *http_;
+  const int threads = std::max(1, options_.http_threads);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(options_.completion.limits.max_request_bytes);
+  http.set_read_timeout(std::chrono::duration<double>(options_.read_timeout_s));
+  http.set_write_timeout(std::chrono::duration<double>(options_.write_timeout_s));
+  http.set_keep_alive_max_count(100);
+
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, simple_error(500, "server_error", "internal error: " + what));
+  });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler's own error body
+    std::string message = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
+                          : res.status == 413 ? "the request body is larger than the server accepts"
+                                              : "HTTP " + std::to_string(res.status);
+    send_error(res, simple_error(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", message));
+  });
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    ++requests_;
+    if (options_.log) options_.log(req.method + " " + req.path + " -> " + std::to_string(res.status));
+  });
+
+  // Authorization, when an API key is set; true when the request may go on.
+  auto authorized = [this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty()) return true;
+    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
+    send_error(res, simple_error(401, "authentication_error", "missing or wrong API key (Authorization: Bearer ...)"));
+    return false;
+  };
+
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+  http.Get("/v1/models", [this, authorized](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    send_json(res, 200,
+              {{"object", "list"},
+               {"data", ojson::array({{{"id", options_.completion.model_name}, {"object", "model"},
+                                       {"created", static_cast<int64_t>(std::time(nullptr))}, {"owned_by", "petrel"}}})}});
+  });
+  http.Post("/v1/chat/completions", [this, authorized](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    auto parsed = parse_chat_request(req.body, options_.completion.limits);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+    if (waiting_.load() > options_.max_waiting) {
+      res.set_header("Retry-After", "1");
+      return send_error(res, simple_error(503, "server_error", "the server is busy (" + std::to_string(waiting_.load()) +
+                                                                   " requests waiting); retry later"));
+    }
+    auto request = std::make_shared<ChatRequest>(std::move(std::get<ChatRequest>(parsed)));
+    if (!request->stream) {
+      WaitingSlot slot(waiting_);
+      std::lock_guard<std::mutex> lock(model_mutex_);
+      auto result = run_chat_completion(*generator_, *request, options_.completion, nullptr);
+      if (auto* e = std::get_if<ApiError>(&result)) return send_error(res, *e);
+      return send_json(res, 200, std::get<ojson>(result));
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [this, request](size_t, httplib::DataSink& sink) {
+      WaitingSlot slot(waiting_);
+      std::lock_guard<std::mutex> lock(model_mutex_);
+      auto emit = [&sink](const std::string& event) { return sink.is_writable() && sink.write(event.data(), event.size()); };
+      auto result = run_chat_completion(*generator_, *request, options_.completion, emit);
+      if (auto* e = std::get_if<ApiError>(&result)) {
+        emit("data: " + e->to_json().dump() + "\n\n");
+        emit("data: [DONE]\n\n");
+      }
+      sink.done();
+      return true;
+    });
+  });
+}
+
+Status Server::bind() {
+  if (options_.port == 0) {
+    port_ = http_->bind_to_any_port(options_.host);
+    if (port_ <= 0) return io_error("serve: cannot bind " + options_.host + " (any port)");
+    return ok_status();
+  }
+  if (!http_->bind_to_port(options_.host, options_.port)) {
+    return io_error("serve: cannot bind " + options_.host + ":" + std::to_string(options_.port) +
+                    " (in use, or not an address of this machine)");
+  }
+  port_ = options_.port;
+  return ok_status();
+}
+
+Status Server::run() {
+  if (port_ == 0) return invalid_argument("serve: run() before bind()");
+  if (!http_->listen_after_bind()) return io_error("serve: the listening socket failed");
+  return ok_status();
+}
+
+void Server::stop() {
+  if (http_) http_->stop();
+}
+
+}  // namespace petrel::serve

@@ -1,0 +1,84 @@
+// `petrel serve`: an OpenAI-compatible HTTP server over one loaded model (cpp-httplib).
+//
+//   GET  /health               {"status": "ok"}
+//   GET  /v1/models            the one model, under ServerOptions::completion.model_name
+//   POST /v1/chat/completions  openai_api.h (streaming as server-sent events)
+//
+// One generation runs at a time (the model and its KV cache are one resource; requests that resend a growing
+// conversation reuse its cached prefix, as `petrel chat` does); up to max_waiting more requests wait for it,
+// and beyond that the server answers 503 at once. It listens on 127.0.0.1 unless told otherwise, bounds the
+// body size (413), nesting, messages, generated tokens and the time a generation may run, and answers every
+// failure, an exception included, with an OpenAI-style JSON error: a request never takes the server down. A
+// streaming client that disconnects stops its generation at the next token.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "petrel/runtime/session.h"
+#include "petrel/serve/openai_api.h"
+#include "petrel/util/status.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace petrel::serve {
+
+// The engine's generator: one Session over the engine, reused from request to request.
+class EngineGenerator : public ChatGenerator {
+ public:
+  static Result<std::unique_ptr<EngineGenerator>> create(std::shared_ptr<const Engine> engine, int64_t context_length,
+                                                         KvType kv_type = KvType::kF16);
+  Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) override;
+  // The tool-call format the model's chat template implies, and whether it writes the tools (tool_calls.h).
+  ToolCallFormat detected_tool_format() const;
+  bool template_writes_tools() const;
+
+ private:
+  std::shared_ptr<const Engine> engine_;
+  std::unique_ptr<Session> session_;
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port (port() says which)
+  int http_threads = 4;
+  int max_waiting = 8;
+  double read_timeout_s = 30;   // a client sending its request
+  double write_timeout_s = 60;  // a client not reading the answer
+  std::string api_key;          // when set, requests need "Authorization: Bearer <api_key>"
+  std::function<void(const std::string&)> log;  // a line a request, when set
+  CompletionOptions completion;
+};
+
+class Server {
+ public:
+  Server(std::shared_ptr<ChatGenerator> generator, ServerOptions options);
+  ~Server();
+  // Binds the address (kIo naming it when that fails).
+  Status bind();
+  int port() const { return port_; }
+  // Serves until stop() (from any thread). bind() first.
+  Status run();
+  void stop();
+
+  // Requests answered so far (for logs and tests).
+  int64_t requests() const { return requests_.load(); }
+
+ private:
+  void install_routes();
+
+  std::shared_ptr<ChatGenerator> generator_;
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  int port_ = 0;
+  std::mutex model_mutex_;
+  std::atomic<int> waiting_{0};
+  std::atomic<int64_t> requests_{0};
+};
+
+}  // namespace petrel::serve

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""petrel serve against the official OpenAI Python client (an independent reader of the protocol).
+
+Starts `petrel serve` on tiny-llama31 (CPU, any free port), then checks with `openai`:
+models.list, a greedy completion, the same completion streamed (deltas joined equal the whole answer,
+usage in the last chunk), the reasoning switch accepted, and 400s for bad requests (the server keeps serving).
+Exits 77 (ctest: skipped) when the openai package is not installed: scripts/test.sh installs it into
+BUILD/pyenv.
+
+Usage: openai_client_test.py PETREL_BINARY MODEL_DIR
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+try:
+    import openai
+except ImportError:
+    print("openai is not installed (scripts/test.sh puts it in BUILD/pyenv); skipping")
+    sys.exit(77)
+
+
+def start_server(petrel, model):
+    proc = subprocess.Popen([petrel, "serve", model, "--port", "0", "--threads", "1"],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    port = None
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
+        if m:
+            port = int(m.group(1))
+            break
+    if port is None:
+        proc.kill()
+        raise SystemExit("petrel serve did not start")
+    return proc, port
+
+
+def main():
+    petrel, model = sys.argv[1], sys.argv[2]
+    proc, port = start_server(petrel, model)
+    failures = []
+
+    def check(cond, what):
+        print(("ok   " if cond else "FAIL ") + what)
+        if not cond:
+            failures.append(what)
+
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        models = client.models.list()
+        check([m.id for m in models.data] == [os.path.basename(os.path.normpath(model))], "models.list names the model")
+
+        messages = [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "Tell me about the sea."}]
+        whole = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
+        choice = whole.choices[0]
+        check(isinstance(choice.message.content, str) and len(choice.message.content) > 0, "greedy answer has content")
+        check(choice.finish_reason in ("stop", "length"), f"finish_reason {choice.finish_reason}")
+        check(whole.usage.prompt_tokens > 0 and whole.usage.completion_tokens > 0 and
+              whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens, "usage adds up")
+        check(whole.id.startswith("chatcmpl-") and whole.object == "chat.completion", "id and object")
+
+        stream = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0,
+                                                stream=True, stream_options={"include_usage": True})
+        parts, finish, usage, roles = [], None, None, []
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for c in chunk.choices:
+                if c.delta.role:
+                    roles.append(c.delta.role)
+                if c.delta.content:
+                    parts.append(c.delta.content)
+                if c.finish_reason:
+                    finish = c.finish_reason
+        check("".join(parts) == choice.message.content, "streamed deltas join to the same answer")
+        check(roles == ["assistant"], "one role delta")
+        check(finish == choice.finish_reason, "streamed finish_reason")
+        check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens and
+              usage.prompt_tokens == whole.usage.prompt_tokens, "usage chunk matches")
+
+        seeded = [client.chat.completions.create(model="x", messages=messages, max_tokens=12, temperature=0.9,
+                                                 top_p=0.9, seed=7).choices[0].message.content for _ in range(2)]
+        check(seeded[0] == seeded[1], "the same seed gives the same sampled answer")
+
+        stopped = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0,
+                                                 stop=[choice.message.content[3:6]] if len(choice.message.content) > 6 else None)
+        check(len(stopped.choices[0].message.content) <= len(choice.message.content), "stop sequence honoured")
+
+        for bad, what in [({"messages": [{"role": "wizard", "content": "hi"}]}, "unknown role"),
+                          ({"messages": messages, "n": 2}, "n = 2"),
+                          ({"messages": messages, "temperature": "hot"}, "temperature as a string"),
+                          ({"messages": []}, "no messages")]:
+            try:
+                client.chat.completions.create(model="x", max_tokens=4, **bad)
+                check(False, f"{what} refused")
+            except openai.BadRequestError as e:
+                check(e.status_code == 400 and e.body and "message" in e.body, f"{what} refused with 400: {e.body.get('message') if e.body else ''}")
+
+        after = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
+        check(after.choices[0].message.content == choice.message.content, "still serving, same greedy answer")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            failures.append("server did not stop on SIGTERM")
+    check(proc.returncode == 0, f"server exited cleanly ({proc.returncode})")
+    if failures:
+        print(f"{len(failures)} failed")
+        sys.exit(1)
+    print("all passed")
+
+
+if __name__ == "__main__":
+    main()

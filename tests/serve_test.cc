@@ -1,0 +1,611 @@
+// The OpenAI-compatible server: tool-call formats, request checking, the completion logic with a scripted
+// generator (tool calls, reasoning, streaming, a client that goes away), and the HTTP server end to end on
+// tiny-llama31 (its answers equal the runtime API's). tests/openai_client_test.py checks the protocol with the
+// official OpenAI client.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <condition_variable>
+#include <thread>
+
+#include "petrel/runtime/sampler.h"
+#include "petrel/runtime/session.h"
+#include "petrel/serve/json_text.h"
+#include "petrel/serve/openai_api.h"
+#include "petrel/serve/server.h"
+#include "petrel/serve/tool_calls.h"
+#include "petrel/text/chat_template.h"
+#include "test_util.h"
+
+namespace petrel::serve {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using testing::data_dir;
+
+// ---- tool-call formats ----
+
+TEST(ToolCalls, NemotronBlocksArraysBareObjectsAndContentBefore) {
+  auto p = parse_tool_calls(ToolCallFormat::kNemotron,
+                            "Let me look.\n<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+                            "{\"name\": \"now\", \"arguments\": {}}]</TOOLCALL><TOOLCALL>{\"name\": \"b\", \"arguments\": \"{\\\"x\\\": 1}\"}</TOOLCALL>");
+  ASSERT_TRUE(p.error.empty()) << p.error;
+  EXPECT_EQ(p.content, "Let me look.");
+  ASSERT_EQ(p.calls.size(), 3u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, "{\"city\":\"Paris\"}");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  EXPECT_EQ(p.calls[2].name, "b");
+  EXPECT_EQ(p.calls[2].arguments, "{\"x\":1}");  // arguments given as a JSON string
+  // Ended by the stop string (the closing tag removed): the last block runs to the end.
+  auto cut = parse_tool_calls(ToolCallFormat::kNemotron, "<TOOLCALL>[{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}]");
+  ASSERT_EQ(cut.calls.size(), 1u);
+  EXPECT_EQ(cut.calls[0].arguments, "{\"a\":[1,2]}");
+  EXPECT_TRUE(cut.content.empty());
+}
+
+TEST(ToolCalls, MalformedCallsComeBackAsContentWithTheReason) {
+  for (const char* text : {"<TOOLCALL>[{\"name\": \"f\", \"arguments\": {\"a\": </TOOLCALL>",
+                           "<TOOLCALL>[{\"arguments\": {}}]</TOOLCALL>", "<TOOLCALL>[1, 2]</TOOLCALL>",
+                           "<TOOLCALL>[{\"name\": \"f\", \"arguments\": [1]}]</TOOLCALL>",
+                           "<TOOLCALL>" "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}) {
+    auto p = parse_tool_calls(ToolCallFormat::kNemotron, text);
+    EXPECT_TRUE(p.calls.empty()) << text;
+    EXPECT_EQ(p.content, text);
+    EXPECT_NE(p.error, "") << text;
+  }
+  auto plain = parse_tool_calls(ToolCallFormat::kNemotron, "No tools needed.");
+  EXPECT_EQ(plain.content, "No tools needed.");
+  EXPECT_TRUE(plain.calls.empty() && plain.error.empty());
+}
+
+TEST(ToolCalls, Llama3JsonAndHermes) {
+  auto one = parse_tool_calls(ToolCallFormat::kLlama3Json, " {\"name\": \"f\", \"parameters\": {\"q\": \"a;b\"}}");
+  ASSERT_EQ(one.calls.size(), 1u) << one.error;
+  EXPECT_EQ(one.calls[0].arguments, "{\"q\":\"a;b\"}");
+  EXPECT_EQ(one.content, "");
+  auto two = parse_tool_calls(ToolCallFormat::kLlama3Json,
+                              "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"arguments\": {\"b\": \"}\"}}");
+  ASSERT_EQ(two.calls.size(), 2u) << two.error;
+  EXPECT_EQ(two.calls[1].arguments, "{\"b\":\"}\"}");
+  auto text = parse_tool_calls(ToolCallFormat::kLlama3Json, "The answer is {probably} 4.");
+  EXPECT_TRUE(text.calls.empty() && text.error.empty());
+  auto broken = parse_tool_calls(ToolCallFormat::kLlama3Json, "{\"name\": \"f\", \"parameters\": {");
+  EXPECT_TRUE(broken.calls.empty());
+  EXPECT_NE(broken.error, "");
+  auto hermes = parse_tool_calls(ToolCallFormat::kHermes,
+                                 "ok <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"g\", \"arguments\": {\"z\": 0}}</tool_call>");
+  ASSERT_EQ(hermes.calls.size(), 2u) << hermes.error;
+  EXPECT_EQ(hermes.content, "ok");
+}
+
+// Streaming, fed in pieces of every size, passes on exactly the content before the call and holds the call.
+TEST(ToolCalls, StreamGivesTheSameSplitForAnyChunking) {
+  const std::string text = "Sure <TOOL here. <TOOLCALL>[{\"name\": \"f\", \"arguments\": {\"k\": \"<TOOLCALL>\"}}]</TOOLCALL>";
+  for (size_t piece = 1; piece <= text.size(); ++piece) {
+    ToolCallStream stream(ToolCallFormat::kNemotron);
+    std::string content;
+    for (size_t at = 0; at < text.size(); at += piece) content += stream.feed(text.substr(at, piece));
+    ParsedToolCalls end = stream.finish();
+    content += end.content;
+    EXPECT_EQ(content, "Sure <TOOL here. ") << piece;
+    ASSERT_EQ(end.calls.size(), 1u) << piece;
+    EXPECT_EQ(end.calls[0].arguments, "{\"k\":\"<TOOLCALL>\"}");
+  }
+  ToolCallStream plain(ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(plain.feed("  "), "");
+  EXPECT_EQ(plain.feed("Hi {x}"), "  Hi {x}");
+  EXPECT_TRUE(plain.finish().calls.empty());
+}
+
+TEST(ToolCalls, NemotronConversationGetsToolsCallsAndResultsInItsTags) {
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const ojson messages = ojson::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+      {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+      {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 20}"},
+    {"role": "tool", "tool_call_id": "c2", "content": "sunny"}])");
+  auto prepared = prepare_conversation(messages, tools, ToolCallFormat::kNemotron, false);
+  ASSERT_TRUE(prepared.ok()) << prepared.status().to_string();
+  const ojson& m = prepared->messages;
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_EQ(m[0]["content"], "Be brief.\n\n<AVAILABLE_TOOLS>[{\"name\": \"get_weather\", \"description\": \"Weather\", "
+                             "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}]</AVAILABLE_TOOLS>");
+  EXPECT_EQ(m[2]["content"], "<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+                             "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]</TOOLCALL>");
+  EXPECT_FALSE(m[2].contains("tool_calls"));
+  EXPECT_EQ(m[3]["role"], "user");
+  EXPECT_EQ(m[3]["content"], "<TOOL_RESPONSE>[{\"temp\": 20}, \"sunny\"]</TOOL_RESPONSE>");
+  EXPECT_TRUE(prepared->tools.is_null());  // written into the messages, not given to the template
+
+  // Llama 3: the template gets the tools, and the call's arguments as an object (templates tojson them).
+  auto llama = prepare_conversation(messages, tools, ToolCallFormat::kLlama3Json, true);
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ(llama->tools, tools);
+  EXPECT_EQ(llama->messages[2]["tool_calls"][0]["function"]["arguments"], ojson({{"city", "Paris"}}));
+  ojson bad = messages;
+  bad[2]["tool_calls"][0]["function"]["arguments"] = "not json";
+  auto refused = prepare_conversation(bad, tools, ToolCallFormat::kLlama3Json, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("messages[2].tool_calls[0].function.arguments"), std::string::npos);
+}
+
+// Nemotron Super v1.5's template writes the tool tags itself: petrel passes the tools through and does not add
+// its own; the rendered prompt lists them once and replays the earlier call in NVIDIA's syntax.
+TEST(ToolCalls, ATemplateThatWritesTheTagsGetsTheToolsAsTheyAre) {
+  std::ifstream in(data_dir() / "chat-templates/nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja");
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(source.empty());
+  EXPECT_EQ(detect_tool_call_format(source), ToolCallFormat::kNemotron);
+  ASSERT_TRUE(template_writes_tools(source));
+  auto tmpl = text::ChatTemplate::parse(source, "super");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().to_string();
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
+  const ojson messages = ojson::parse(R"([{"role": "user", "content": "Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "content": "{\"temp\": 20}"}])");
+  auto prepared = prepare_conversation(messages, tools, ToolCallFormat::kNemotron, true);
+  ASSERT_TRUE(prepared.ok());
+  EXPECT_EQ(prepared->messages.size(), 3u);
+  auto rendered = tmpl->render(prepared->messages, &prepared->tools, true, ojson{{"bos_token", "<|begin_of_text|>"}});
+  ASSERT_TRUE(rendered.ok()) << rendered.status().to_string();
+  const std::string& text = rendered->text;
+  size_t listings = 0;
+  for (size_t at = 0; (at = text.find("<AVAILABLE_TOOLS>", at)) != std::string::npos; ++at) ++listings;
+  EXPECT_EQ(listings, 1u) << text;
+  EXPECT_NE(text.find("<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]</TOOLCALL>"), std::string::npos) << text;
+  EXPECT_NE(text.find("<TOOL_RESPONSE>[{\"temp\": 20}]</TOOL_RESPONSE>"), std::string::npos) << text;
+}
+
+TEST(JsonText, TojsonTextAndDepth) {
+  EXPECT_EQ(tojson_text(ojson::parse(R"({"b": [1, 2.5, null, true], "a": "é\"x"})")),
+            "{\"b\": [1, 2.5, null, true], \"a\": \"é\\\"x\"}");
+  std::string deep(100, '[');
+  deep += std::string(100, ']');
+  const ojson j = ojson::parse(deep);
+  EXPECT_FALSE(json_depth_within(j, 64));
+  EXPECT_TRUE(json_depth_within(j, 100));
+}
+
+// ---- requests ----
+
+ApiError request_error(const std::string& body, ServeLimits limits = {}) {
+  auto r = parse_chat_request(body, limits);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << body;
+  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+}
+
+TEST(ChatRequest, ParsesWhatClientsSend) {
+  auto r = parse_chat_request(R"({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "user", "content": "hi"}], "stream": true, "stream_options": {"include_usage": true}, "temperature": 0.5,
+      "top_p": 0.9, "top_k": -1, "seed": -3, "max_completion_tokens": 100000, "stop": "END",
+      "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "f"}},
+      "reasoning_effort": "low", "unknown_key": {"ignored": true}})",
+                              ServeLimits{});
+  ASSERT_TRUE(std::holds_alternative<ChatRequest>(r)) << std::get<ApiError>(r).message;
+  const ChatRequest& c = std::get<ChatRequest>(r);
+  EXPECT_EQ(c.messages[0]["role"], "system");
+  EXPECT_EQ(c.messages[0]["content"], "a\nb");
+  EXPECT_TRUE(c.stream && c.include_usage);
+  EXPECT_EQ(*c.temperature, 0.5f);
+  EXPECT_EQ(*c.top_k, 0);
+  EXPECT_EQ(*c.max_tokens, ServeLimits{}.max_tokens);  // clamped
+  EXPECT_EQ(c.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(c.forced_function);
+  EXPECT_EQ(c.tool_choice, "f");
+  EXPECT_EQ(c.reasoning, text::ReasoningMode::kOn);
+  auto off = parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": false}})", {});
+  EXPECT_EQ(std::get<ChatRequest>(off).reasoning, text::ReasoningMode::kOff);
+}
+
+TEST(ChatRequest, RefusesBadInputNamingTheKey) {
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  struct Case {
+    std::string body, param;
+  } cases[] = {
+      {"", ""},
+      {"[1]", ""},
+      {R"({"messages": "hi"})", "messages"},
+      {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})", "messages[0].content[0]"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 3}}]}]})", "messages[0].tool_calls[0].function.name"},
+      {"{" + user + R"(, "temperature": 3})", "temperature"},
+      {"{" + user + R"(, "top_p": 0})", "top_p"},
+      {"{" + user + R"(, "max_tokens": 0})", "max_tokens"},
+      {"{" + user + R"(, "max_tokens": 1.5})", "max_tokens"},
+      {"{" + user + R"(, "stop": [""]})", "stop"},
+      {"{" + user + R"(, "n": 3})", "n"},
+      {"{" + user + R"(, "logprobs": true})", "logprobs"},
+      {"{" + user + R"(, "stream": "yes"})", "stream"},
+      {"{" + user + R"(, "tools": [{"type": "function", "function": {"name": ""}}]})", "tools[0].function.name"},
+      {"{" + user + R"(, "tool_choice": "required"})", "tool_choice"},
+      {"{" + user + R"(, "tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]})", "tool_choice"},
+      {"{" + user + R"(, "reasoning": "maybe"})", "reasoning"},
+      {"{" + user + R"(, "reasoning_effort": "extreme"})", "reasoning_effort"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = request_error(c.body);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  ServeLimits small;
+  small.max_request_bytes = 10;
+  EXPECT_EQ(request_error("{" + user + "}", small).http_status, 413);
+  std::string deep = "{" + user + ", \"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  EXPECT_NE(request_error(deep).message.find("deeper"), std::string::npos);
+}
+
+// ---- the completion logic, with a scripted generator ----
+
+class ScriptedGenerator : public ChatGenerator {
+ public:
+  std::vector<std::string> pieces;
+  StopReason reason = StopReason::kEndOfSequence;
+  bool starts_in_reasoning = false;
+  ChatTurn last_turn;
+  size_t pieces_sent = 0;
+  Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) override {
+    last_turn = turn;
+    last_tools = turn.tools ? *turn.tools : ojson();
+    if (events.started) events.started(starts_in_reasoning);
+    ChatOutput out;
+    out.prompt_tokens = 10;
+    out.reason = reason;
+    pieces_sent = 0;
+    for (const std::string& p : pieces) {
+      ++pieces_sent;
+      out.text += p;
+      ++out.completion_tokens;
+      if (!events.text(p)) {
+        out.reason = StopReason::kCallback;
+        break;
+      }
+    }
+    out.starts_in_reasoning = starts_in_reasoning;
+    return out;
+  }
+  ojson last_tools;
+};
+
+ChatRequest request_of(const std::string& body) {
+  auto r = parse_chat_request(body, ServeLimits{});
+  EXPECT_TRUE(std::holds_alternative<ChatRequest>(r)) << std::get<ApiError>(r).message;
+  return std::get<ChatRequest>(r);
+}
+
+// The events of a stream, each data line parsed ([DONE] as a string).
+std::vector<ojson> events_of(const std::vector<std::string>& raw) {
+  std::vector<ojson> out;
+  for (const std::string& e : raw) {
+    EXPECT_EQ(e.rfind("data: ", 0), 0u);
+    EXPECT_EQ(e.substr(e.size() - 2), "\n\n");
+    const std::string data = e.substr(6, e.size() - 8);
+    out.push_back(data == "[DONE]" ? ojson("[DONE]") : ojson::parse(data));
+  }
+  return out;
+}
+
+const char* kToolRequest = R"({"messages": [{"role": "user", "content": "Weather?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]%s})";
+
+std::string tool_request(const std::string& extra = "") {
+  char buffer[1024];
+  std::snprintf(buffer, sizeof buffer, kToolRequest, extra.c_str());
+  return buffer;
+}
+
+TEST(ChatCompletion, ToolCallsReasoningAndUsage) {
+  ScriptedGenerator gen;
+  gen.pieces = {"<think>", "Need the ", "weather.", "</think>\n\n", "Checking", ". <TOOL", "CALL>[{\"name\": \"get_weather\", ",
+                "\"arguments\": {\"city\": \"Oslo\"}}]"};
+  gen.reason = StopReason::kStopString;
+  CompletionOptions options;
+  options.tool_format = ToolCallFormat::kNemotron;
+  auto result = run_chat_completion(gen, request_of(tool_request()), options, nullptr);
+  ASSERT_TRUE(std::holds_alternative<ojson>(result));
+  const ojson& r = std::get<ojson>(result);
+  const ojson& choice = r["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["reasoning_content"], "Need the weather.");
+  EXPECT_EQ(choice["message"]["content"], "Checking.");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(r["usage"]["total_tokens"], 10 + 8);
+  // The generator was told to stop at the closing tag, and the tools went into the messages (Nemotron).
+  EXPECT_NE(std::find(gen.last_turn.generation.stop_strings.begin(), gen.last_turn.generation.stop_strings.end(), "</TOOLCALL>"),
+            gen.last_turn.generation.stop_strings.end());
+  EXPECT_TRUE(gen.last_tools.is_null());
+  EXPECT_NE(gen.last_turn.messages[0]["content"].get<std::string>().find("<AVAILABLE_TOOLS>"), std::string::npos);
+  EXPECT_TRUE(gen.last_turn.generation.sampler.top_p_after_temperature);
+
+  // Streamed: the same reasoning, content and call, as deltas.
+  ChatRequest streamed = request_of(tool_request(R"(, "stream": true, "stream_options": {"include_usage": true})"));
+  std::vector<std::string> raw;
+  auto none = run_chat_completion(gen, streamed, options, [&](const std::string& e) {
+    raw.push_back(e);
+    return true;
+  });
+  ASSERT_TRUE(std::holds_alternative<ojson>(none));
+  const std::vector<ojson> events = events_of(raw);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string reasoning, content, finish;
+  ojson calls = ojson::array();
+  for (const ojson& e : events) {
+    if (!e.is_object() || e["choices"].empty()) continue;
+    const ojson& d = e["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(reasoning, "Need the weather.");
+  EXPECT_EQ(content, "Checking. ");
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+  EXPECT_EQ(events[events.size() - 2]["usage"]["completion_tokens"], 8);
+
+  // tool_choice none: no tools shown, no parsing.
+  auto plain = run_chat_completion(gen, request_of(tool_request(R"(, "tool_choice": "none")")), options, nullptr);
+  EXPECT_EQ(std::get<ojson>(plain)["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(std::get<ojson>(plain)["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(gen.last_turn.messages[0]["role"], "user");
+
+  // A model without a tool-call format refuses tools instead of ignoring them.
+  CompletionOptions no_tools;
+  auto refused = run_chat_completion(gen, request_of(tool_request()), no_tools, nullptr);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+  EXPECT_EQ(std::get<ApiError>(refused).param, "tools");
+}
+
+TEST(ChatCompletion, APromptThatOpensThinkingAndLengthFinish) {
+  ScriptedGenerator gen;
+  gen.starts_in_reasoning = true;
+  gen.pieces = {"hmm", "</think>", "4"};
+  gen.reason = StopReason::kMaxTokens;
+  auto r = run_chat_completion(gen, request_of(R"({"messages": [{"role": "user", "content": "2+2"}]})"), {}, nullptr);
+  const ojson& m = std::get<ojson>(r)["choices"][0];
+  EXPECT_EQ(m["message"]["reasoning_content"], "hmm");
+  EXPECT_EQ(m["message"]["content"], "4");
+  EXPECT_EQ(m["finish_reason"], "length");
+}
+
+TEST(ChatCompletion, AClientThatGoesAwayStopsTheGeneration) {
+  ScriptedGenerator gen;
+  gen.pieces = std::vector<std::string>(100, "word ");
+  int events = 0;
+  auto r = run_chat_completion(gen, request_of(R"({"messages": [{"role": "user", "content": "go"}], "stream": true})"), {},
+                               [&](const std::string&) { return ++events < 5; });
+  EXPECT_TRUE(std::holds_alternative<ojson>(r));
+  EXPECT_LT(gen.pieces_sent, 10u);
+  // A deadline stops it too, with finish_reason length.
+  CompletionOptions quick;
+  quick.limits.max_request_seconds = 0;
+  auto timed = run_chat_completion(gen, request_of(R"({"messages": [{"role": "user", "content": "go"}]})"), quick, nullptr);
+  EXPECT_EQ(std::get<ojson>(timed)["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(gen.pieces_sent, 1u);
+}
+
+// The server's top-p is OpenAI's: applied after the temperature (Genie's sampler applies it before).
+TEST(ChatCompletion, TopPAfterTheTemperature) {
+  // logits 2, 1, 0: at temperature 1 the top token has p = 0.665; at temperature 0.25, p = 0.98.
+  const std::vector<float> logits = {2.0f, 1.0f, 0.0f};
+  SamplerConfig c;
+  c.temperature = 0.25f;
+  c.top_p = 0.9f;
+  c.seed = 1;
+  int second_genie = 0, second_openai = 0;
+  for (int i = 0; i < 2000; ++i) {
+    c.seed = static_cast<uint64_t>(i);
+    c.top_p_after_temperature = false;
+    second_genie += Sampler(c).sample(logits, {}) != 0;
+    c.top_p_after_temperature = true;
+    second_openai += Sampler(c).sample(logits, {}) != 0;
+  }
+  EXPECT_GT(second_genie, 0);   // tokens 0 and 1 survive top-p at temperature 1, then sharpened
+  EXPECT_EQ(second_openai, 0);  // only token 0 survives top-p after the temperature
+}
+
+// Hostile bodies: a valid request with bytes flipped, cut or repeated, thousands of times. Each is accepted or
+// refused with a message; none may crash or hang.
+TEST(ChatRequest, MutatedBodiesNeverCrash) {
+  const std::string valid = R"({"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+      {"role": "tool", "tool_call_id": "1", "content": "ok"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "tool_choice": "auto", "stream": true, "temperature": 0.7, "top_p": 0.9, "max_tokens": 12, "stop": ["x", "y"], "seed": 5})";
+  ASSERT_TRUE(std::holds_alternative<ChatRequest>(parse_chat_request(valid, {})));
+  std::mt19937 rng(7);
+  const std::string alphabet = "{}[]\":,0123456789.-eE truefalsnul\\\x00\xff\xc3";
+  int accepted = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string body = valid;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng() % body.size();
+      switch (rng() % 3) {
+        case 0: body[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: body.erase(at, 1 + rng() % 8); break;
+        default: body.insert(at, body.substr(at, std::min<size_t>(16, body.size() - at))); break;
+      }
+      if (body.empty()) body = "{";
+    }
+    auto r = parse_chat_request(body, {});
+    if (std::holds_alternative<ChatRequest>(r)) {
+      ++accepted;  // and then run, with a model that answers in Nemotron's call syntax
+      ScriptedGenerator gen;
+      gen.pieces = {"<TOOLCALL>[{\"name\": \"f\", \"arguments\": {}}]"};
+      CompletionOptions options;
+      options.tool_format = ToolCallFormat::kNemotron;
+      auto out = run_chat_completion(gen, std::get<ChatRequest>(r), options, [](const std::string&) { return true; });
+      if (auto* e = std::get_if<ApiError>(&out)) EXPECT_FALSE(e->message.empty());
+    } else {
+      EXPECT_FALSE(std::get<ApiError>(r).message.empty());
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+// ---- the HTTP server, end to end ----
+
+std::shared_ptr<Engine> tiny_engine() {
+  static std::shared_ptr<Engine> engine = [] {
+    auto e = Engine::load(data_dir() / "models/tiny-llama31");
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? *e : nullptr;
+  }();
+  return engine;
+}
+
+struct RunningServer {
+  std::unique_ptr<Server> server;
+  std::thread thread;
+  RunningServer(std::shared_ptr<ChatGenerator> generator, ServerOptions options) {
+    options.port = 0;
+    server = std::make_unique<Server>(std::move(generator), options);
+    EXPECT_TRUE(server->bind().ok());
+    thread = std::thread([this] { EXPECT_TRUE(server->run().ok()); });
+  }
+  ~RunningServer() {
+    server->stop();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", server->port());
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+};
+
+TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
+  auto engine = tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  auto generator = EngineGenerator::create(engine, 512);
+  ASSERT_TRUE(generator.ok()) << generator.status().to_string();
+  RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
+  auto client = running.client();
+
+  const ojson messages = {{{"role", "user"}, {"content", "Once upon a time"}}};
+  // The reference: the runtime API's own greedy answer to the same conversation.
+  auto session = Session::create(engine, 512);
+  ASSERT_TRUE(session.ok());
+  GenerationConfig greedy;
+  greedy.sampler = SamplerConfig::greedy_config();
+  greedy.max_new_tokens = 20;
+  auto expected = (*session)->query(messages, greedy);
+  ASSERT_TRUE(expected.ok());
+
+  const ojson body = {{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}};
+  auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const ojson r = ojson::parse(res->body);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], expected->text);
+  EXPECT_EQ(r["usage"]["completion_tokens"], expected->stats.generated_tokens);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], expected->stats.prompt_tokens + expected->stats.reused_tokens);
+
+  ojson stream_body = body;
+  stream_body["stream"] = true;
+  auto streamed = client.Post("/v1/chat/completions", stream_body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->get_header_value("Content-Type"), "text/event-stream");
+  std::string joined;
+  size_t at = 0;
+  while ((at = streamed->body.find("data: ", at)) != std::string::npos) {
+    const size_t end = streamed->body.find("\n\n", at);
+    const std::string data = streamed->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    const ojson e = ojson::parse(data);
+    if (e["choices"].size() && e["choices"][0]["delta"].contains("content")) joined += e["choices"][0]["delta"]["content"];
+  }
+  EXPECT_EQ(joined, expected->text);
+
+  // Bad requests get JSON errors and the server goes on.
+  auto bad = client.Post("/v1/chat/completions", "{\"messages\": 1}", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(ojson::parse(bad->body)["error"]["param"], "messages");
+  auto missing = client.Get("/v1/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_TRUE(ojson::parse(missing->body).contains("error"));
+  // A conversation longer than the context: a 400 naming the context, not a crash.
+  ojson long_body = {{"messages", {{{"role", "user"}, {"content", std::string(4000, 'x') + " y"}}}}, {"max_tokens", 4}};
+  for (int i = 0; i < 3; ++i) long_body["messages"][0]["content"] = long_body["messages"][0]["content"].get<std::string>() + " a b c d e f g";
+  auto too_long = client.Post("/v1/chat/completions", long_body.dump(), "application/json");
+  ASSERT_TRUE(too_long);
+  EXPECT_EQ(too_long->status, 400) << too_long->body;
+  EXPECT_NE(too_long->body.find("Context Size was exceeded"), std::string::npos);
+  auto again = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(ojson::parse(again->body)["choices"][0]["message"]["content"], expected->text);
+}
+
+// A generator that blocks until released: to hold the model busy.
+class GateGenerator : public ChatGenerator {
+ public:
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool open = false;
+  std::atomic<int> entered{0};
+  Result<ChatOutput> generate(const ChatTurn&, const GenerationEvents& events) override {
+    ++entered;
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [this] { return open; });
+    events.text("done");
+    ChatOutput out;
+    out.text = "done";
+    out.reason = StopReason::kEndOfSequence;
+    return out;
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+TEST(Server, BusyAnswers503AndAnApiKeyIsChecked) {
+  auto gate = std::make_shared<GateGenerator>();
+  ServerOptions options;
+  options.max_waiting = 0;
+  options.api_key = "sekret";
+  RunningServer running(gate, options);
+  const std::string body = R"({"messages": [{"role": "user", "content": "x"}]})";
+  httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+
+  auto unauthorized = running.client().Post("/v1/chat/completions", body, "application/json");
+  ASSERT_TRUE(unauthorized);
+  EXPECT_EQ(unauthorized->status, 401);
+
+  std::thread first([&] {
+    auto res = running.client().Post("/v1/chat/completions", auth, body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+  });
+  while (gate->entered.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto busy = running.client().Post("/v1/chat/completions", auth, body, "application/json");
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->status, 503);
+  EXPECT_EQ(busy->get_header_value("Retry-After"), "1");
+  gate->release();
+  first.join();
+  auto health = running.client().Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+}  // namespace
+}  // namespace petrel::serve

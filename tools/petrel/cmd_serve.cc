@@ -1,0 +1,138 @@
+// petrel serve: an OpenAI-compatible HTTP server (chat completions with streaming, tool calls and the reasoning
+// switch) over one model: src/petrel/serve/server.h has the endpoints and limits, docs/SERVER.md the usage.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "commands.h"
+#include "petrel/runtime/session.h"
+#include "petrel/serve/server.h"
+#include "petrel/text/reasoning.h"
+#include "petrel/util/parallel.h"
+
+namespace petrel::cli {
+
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
+
+struct ServeFlags {
+  std::string model, host = "127.0.0.1", backend = "auto", kv_type = "f16", model_name;
+  std::string tool_format = "auto", reasoning_style = "auto", api_key;
+  int port = 8080;
+  int http_threads = 4, max_waiting = 8, threads = 0;
+  int64_t context_length = 4096, max_tokens = 0, default_max_tokens = 1024;
+  double timeout_s = 600;
+  size_t max_body_bytes = 4u << 20;
+  bool deterministic = false, quiet = false;
+  serve::ChatDefaults defaults;
+};
+
+int run_serve(const ServeFlags& f) {
+  const char* cmd = "serve";
+  auto backend = parse_backend(f.backend);
+  if (!backend.ok()) return report_error(cmd, backend.status());
+  ThreadPool::set_global_threads(f.threads);
+  EngineOptions engine_options;
+  engine_options.backend = *backend;
+  engine_options.context_length = f.context_length;
+  engine_options.cuda_deterministic = f.deterministic;
+  std::fprintf(stderr, "petrel serve: loading %s\n", f.model.c_str());
+  auto engine = Engine::load(f.model, engine_options);
+  if (!engine.ok()) return report_error(cmd, engine.status());
+  auto generator = serve::EngineGenerator::create(*engine, f.context_length, kv_type_of(f.kv_type));
+  if (!generator.ok()) return report_error(cmd, generator.status());
+
+  serve::ServerOptions options;
+  options.host = f.host;
+  options.port = f.port;
+  options.http_threads = f.http_threads;
+  options.max_waiting = f.max_waiting;
+  options.api_key = f.api_key;
+  serve::CompletionOptions& c = options.completion;
+  if (!f.model_name.empty()) {
+    c.model_name = f.model_name;
+  } else {
+    std::filesystem::path p = std::filesystem::path(f.model);
+    if (p.filename() == "config.json") p = p.parent_path();
+    c.model_name = p.lexically_normal().filename().string();
+    if (c.model_name.empty()) c.model_name = std::filesystem::absolute(p).lexically_normal().parent_path().filename().string();
+  }
+  c.defaults = f.defaults;
+  c.defaults.max_tokens = f.default_max_tokens;
+  c.limits.max_tokens = f.max_tokens > 0 ? f.max_tokens : f.context_length;
+  c.limits.max_request_seconds = f.timeout_s;
+  c.limits.max_request_bytes = f.max_body_bytes;
+  c.template_writes_tools = (*generator)->template_writes_tools();
+  if (f.tool_format == "auto") {
+    c.tool_format = (*generator)->detected_tool_format();
+  } else {
+    auto format = serve::parse_tool_call_format(f.tool_format);
+    if (!format.ok()) return report_error(cmd, format.status());
+    c.tool_format = *format;
+  }
+  if (f.reasoning_style != "auto") {
+    auto style = text::parse_reasoning_style(f.reasoning_style);
+    if (!style.ok()) return report_error(cmd, style.status());
+    c.reasoning_style = *style;
+  }
+  if (!f.quiet) options.log = [](const std::string& line) { std::fprintf(stderr, "petrel serve: %s\n", line.c_str()); };
+
+  serve::Server server(std::shared_ptr<serve::ChatGenerator>(std::move(*generator)), options);
+  if (Status s = server.bind(); !s.ok()) return report_error(cmd, s);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::thread watcher([&server] {
+    while (!g_stop_requested.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.stop();
+  });
+  std::fprintf(stderr, "petrel serve: listening on http://%s:%d/v1 (model \"%s\" on %s, tool calls: %s, context %lld)\n",
+               f.host.c_str(), server.port(), c.model_name.c_str(), backend_name((*engine)->backend()),
+               serve::tool_call_format_name(c.tool_format), static_cast<long long>(f.context_length));
+  std::fflush(stderr);
+  Status status = server.run();
+  g_stop_requested.store(true);
+  watcher.join();
+  if (!status.ok()) return report_error(cmd, status);
+  std::fprintf(stderr, "petrel serve: stopped after %lld requests\n", static_cast<long long>(server.requests()));
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, CliContext& ctx) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server: POST /v1/chat/completions (streaming, tools, reasoning), GET /v1/models");
+  cmd->add_option("model", f->model, "Bundle, BUNDLE/config.json, or checkpoint directory")->required();
+  cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0 exposes the server to the network)")->capture_default_str();
+  cmd->add_option("--port", f->port, "Port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
+  cmd->add_option("--model-name", f->model_name, "The model's id in /v1/models and responses (default: the directory's name)");
+  cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on every /v1 request");
+  add_backend_option(cmd, f->backend);
+  add_kv_type_option(cmd, f->kv_type);
+  add_deterministic_option(cmd, f->deterministic);
+  cmd->add_option("--context-length", f->context_length, "KV cache positions (the longest conversation)")->capture_default_str();
+  cmd->add_option("--max-tokens", f->max_tokens, "The most tokens one request may generate (0: the context length)")->capture_default_str();
+  cmd->add_option("--default-max-tokens", f->default_max_tokens, "Tokens generated when a request gives no max_tokens")->capture_default_str();
+  cmd->add_option("--temp", f->defaults.temperature, "Temperature when a request gives none (OpenAI's default 1)")->capture_default_str();
+  cmd->add_option("--top-p", f->defaults.top_p, "top-p when a request gives none (applied after the temperature, as OpenAI)")->capture_default_str();
+  cmd->add_option("--top-k", f->defaults.top_k, "top-k when a request gives none (0: off)")->capture_default_str();
+  cmd->add_option("--tool-format", f->tool_format, "Tool-call format: auto (from the chat template), nemotron, llama3-json, hermes, none")->capture_default_str();
+  cmd->add_option("--reasoning-style", f->reasoning_style, "Reasoning switch: auto (from the template), nemotron-v1, think-flag, none")->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "Seconds a generation may run before it stops with finish_reason length")->capture_default_str();
+  cmd->add_option("--max-body-bytes", f->max_body_bytes, "Largest request body accepted (413 above)")->capture_default_str();
+  cmd->add_option("--http-threads", f->http_threads, "Connections served at once (one generation runs at a time)")->capture_default_str();
+  cmd->add_option("--max-waiting", f->max_waiting, "Requests that may wait for the model; more get 503")->capture_default_str();
+  cmd->add_option("-t,--threads", f->threads, "Worker threads for the CPU backend; 0 = all cores")->capture_default_str();
+  cmd->add_flag("-q,--quiet", f->quiet, "No line per request on stderr");
+  cmd->callback([f, &ctx] { ctx.exit_code = run_serve(*f); });
+}
+
+}  // namespace petrel::cli
