@@ -26,7 +26,7 @@ struct ServeFlags {
   std::string model, host = "127.0.0.1", backend = "auto", kv_type = "f16", model_name;
   std::string tool_format = "auto", reasoning_style = "auto", api_key;
   int port = 8080;
-  int http_threads = 4, max_waiting = 8, threads = 0;
+  int http_threads = 8, max_waiting = 8, threads = 0;
   int64_t context_length = 4096, max_tokens = 0, default_max_tokens = 1024;
   double timeout_s = 600;
   size_t max_body_bytes = 4u << 20;

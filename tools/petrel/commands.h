@@ -43,6 +43,7 @@ void add_bench_command(CLI::App& app, CliContext& ctx);
 void add_chat_command(CLI::App& app, CliContext& ctx);
 void add_doctor_command(CLI::App& app, CliContext& ctx);
 void add_serve_command(CLI::App& app, CliContext& ctx);
+void add_eval_command(CLI::App& app, CliContext& ctx);   // eval bfcl (cmd_eval.cc)
 void add_tokenize_commands(CLI::App& app, CliContext& ctx);  // tokenize, detokenize (cmd_tokenize.cc)
 void add_template_command(CLI::App& app, CliContext& ctx);   // template (cmd_template.cc)
 

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   petrel::cli::add_chat_command(app, ctx);
   petrel::cli::add_doctor_command(app, ctx);
   petrel::cli::add_serve_command(app, ctx);
+  petrel::cli::add_eval_command(app, ctx);
   petrel::cli::add_tokenize_commands(app, ctx);
   petrel::cli::add_template_command(app, ctx);
 

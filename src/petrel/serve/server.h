@@ -46,7 +46,7 @@ class EngineGenerator : public ChatGenerator {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (port() says which)
-  int http_threads = 4;
+  int http_threads = 8;
   int max_waiting = 8;
   double read_timeout_s = 30;   // a client sending its request
   double write_timeout_s = 60;  // a client not reading the answer
