@@ -1,5 +1,9 @@
 #include "cli_util.h"
 
+#include "petrel/quant/calibration.h"
+#include "petrel/text/tokenizer.h"
+#include "petrel/util/file.h"
+
 #include <cctype>
 #include <charconv>
 
@@ -25,6 +29,25 @@ Result<std::vector<int32_t>> parse_token_ids(const std::string& text, const std:
     i = j;
   }
   return ids;
+}
+
+Result<HeldOutTokens> held_out_tokens(const std::string& model_dir, const std::string& text_path, double tail,
+                                      std::optional<int32_t> config_bos) {
+  PETREL_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(model_dir));
+  const bool default_text = text_path.empty();
+  const std::string path = default_text ? PETREL_DEFAULT_CORPUS : text_path;
+  auto text = default_text ? quant::read_text_fraction(path, 1.0 - tail, /*head=*/false) : read_text_file(path);
+  if (!text.ok()) return text.status();
+  auto ids = tokenizer.encode(*text, EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
+  if (!ids.ok()) return ids.status().with_context(path);
+  const std::optional<int32_t> bos = tokenizer.bos_id() ? tokenizer.bos_id() : config_bos;
+  if (!bos) return invalid_data(model_dir + ": the tokenizer and config.json name no BOS token");
+  HeldOutTokens out;
+  out.bos = *bos;
+  out.tokens.push_back(*bos);
+  out.tokens.insert(out.tokens.end(), ids->begin(), ids->end());
+  out.description = default_text ? path + " (last " + std::to_string(static_cast<int>(tail * 100 + 0.5)) + "%)" : path;
+  return out;
 }
 
 }  // namespace petrel::cli

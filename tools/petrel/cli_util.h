@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,5 +12,17 @@ namespace petrel::cli {
 
 // Parses "1,2,3", "1 2 3" or any mix of commas and whitespace into ids; names the bad item on error.
 Result<std::vector<int32_t>> parse_token_ids(const std::string& text, const std::string& what);
+
+// Held-out text as tokens for perplexity-style evaluation (validate, eval ppl/kld): `text_path`, or when empty
+// the last `tail` of the shipped WikiText-2 corpus (quantize calibrates on the rest); tokenized with the model
+// directory's tokenizer, BOS first. *bos gets the BOS id (the tokenizer's, else config_bos); *described says
+// which text was read.
+struct HeldOutTokens {
+  std::vector<int32_t> tokens;
+  int32_t bos = 0;
+  std::string description;
+};
+Result<HeldOutTokens> held_out_tokens(const std::string& model_dir, const std::string& text_path, double tail,
+                                      std::optional<int32_t> config_bos);
 
 }  // namespace petrel::cli

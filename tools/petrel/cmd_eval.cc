@@ -1,3 +1,4 @@
+// petrel eval ppl / kld: perplexity and KL divergence with llama-perplexity's protocol (eval/validate.h).
 // petrel eval bfcl: BFCL-style tool calling (src/petrel/eval/bfcl.h), asked of a model in process (through the
 // same chat-completion code as `petrel serve`: template, tool-call format, reasoning switch) or of any
 // OpenAI-compatible endpoint, so that a float and a quantized model, or petrel and another server, are scored with
@@ -10,7 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
+#include "petrel/eval/validate.h"
+#include "petrel/model/llama.h"
 #include "petrel/eval/bfcl.h"
 #include "petrel/runtime/session.h"
 #include "petrel/serve/openai_api.h"
@@ -179,11 +183,100 @@ int run_eval_bfcl(const EvalBfclFlags& f) {
   return 0;
 }
 
+struct EvalTextFlags {
+  std::string model, reference, text, path = "prompt", kv_type = "f16", out;
+  double text_tail = 0.1;
+  eval::PerplexityOptions options;
+  int threads = 0;
+  bool quiet = false;
+};
+
+// eval ppl (reference empty) or eval kld.
+int run_eval_text(const EvalTextFlags& f, bool kld) {
+  const char* cmd = kld ? "eval kld" : "eval ppl";
+  ThreadPool::set_global_threads(f.threads);
+  eval::PerplexityOptions options = f.options;
+  if (f.path != "prompt" && f.path != "token") return report_error(cmd, invalid_argument("--path must be prompt or token, got " + f.path));
+  options.token_generator = f.path == "token";
+  options.kv_type = kv_type_of(f.kv_type);
+  auto model = LlamaModel::load(f.model);
+  if (!model.ok()) return report_error(cmd, model.status());
+  std::unique_ptr<LlamaModel> reference;
+  if (kld) {
+    auto loaded = LlamaModel::load(f.reference);
+    if (!loaded.ok()) return report_error(cmd, loaded.status());
+    reference = std::move(*loaded);
+  }
+  const std::string& tokenizer_dir = kld ? f.reference : f.model;
+  auto held_out = held_out_tokens(tokenizer_dir, f.text, f.text_tail, (*model)->config().bos_token_id);
+  if (!held_out.ok()) return report_error(cmd, held_out.status());
+  ProgressBar bar(kld ? "kld" : "ppl", 1, !f.quiet);
+  auto on_progress = [&](int64_t done, int64_t total) {
+    bar.update(static_cast<double>(done) / total, "window " + std::to_string(done) + "/" + std::to_string(total));
+  };
+  ojson report = {{"model", f.model}, {"text", held_out->description}, {"window", options.window},
+                  {"path", options.token_generator ? "token generator" : "prompt processor"}, {"kv_type", f.kv_type}};
+  if (!kld) {
+    auto r = eval::perplexity(**model, held_out->tokens, held_out->bos, options, on_progress);
+    if (!r.ok()) return report_error(cmd, r.status());
+    bar.finish();
+    std::printf("eval ppl: %lld windows of %lld tokens, %lld scored positions: PPL = %.4f +/- %.4f\n",
+                static_cast<long long>(r->windows), static_cast<long long>(options.window), static_cast<long long>(r->positions),
+                r->perplexity, r->perplexity_stderr);
+    const ojson numbers = r->to_json();
+    for (auto it = numbers.begin(); it != numbers.end(); ++it) report[it.key()] = it.value();
+  } else {
+    auto r = eval::compare_models(**model, *reference, held_out->tokens, held_out->bos, options, on_progress);
+    if (!r.ok()) return report_error(cmd, r.status());
+    bar.finish();
+    std::printf("eval kld: %lld scored positions: KL mean %.6f  p99 %.5f  max %.4f   top-1 %.2f%%   ppl %.4f (reference %.4f)\n",
+                static_cast<long long>(r->positions), r->kl_mean, r->kl_p99, r->kl_max, 100 * r->top1_agreement, r->perplexity,
+                r->reference_perplexity);
+    report["reference"] = f.reference;
+    const ojson numbers = r->to_json();
+    for (auto it = numbers.begin(); it != numbers.end(); ++it) report[it.key()] = it.value();
+  }
+  if (!f.out.empty()) {
+    if (Status s = write_file_atomic(f.out, report.dump(2) + "\n"); !s.ok()) return report_error(cmd, s);
+  }
+  return 0;
+}
+
+void add_text_options(CLI::App* cmd, EvalTextFlags& f) {
+  cmd->add_option("--text", f.text, "Text to score (default: the last 10% of the shipped WikiText-2 corpus, as validate)");
+  cmd->add_option("--window", f.options.window, "Tokens per window (BOS first; the second half is scored)")->capture_default_str();
+  cmd->add_option("--chunk-size", f.options.chunk_size, "Prompt processor sequence length")->capture_default_str();
+  cmd->add_option("--max-windows", f.options.max_windows, "Score at most this many windows (-1: all)")->capture_default_str();
+  cmd->add_option("--path", f.path, "prompt (the prompt processor, chunks) or token (the token generator, one at a time)")
+      ->capture_default_str();
+  add_kv_type_option(cmd, f.kv_type);
+  cmd->add_option("-o,--out", f.out, "Write a JSON report here");
+  cmd->add_flag("-q,--quiet", f.quiet, "No progress bar");
+  cmd->add_option("-t,--threads", f.threads, "Worker threads; 0 = all cores")->capture_default_str();
+}
+
 }  // namespace
 
 void add_eval_command(CLI::App& app, CliContext& ctx) {
-  CLI::App* eval = app.add_subcommand("eval", "Evaluate a model: bfcl (tool calling); see also validate (perplexity, KL)");
+  CLI::App* eval = app.add_subcommand("eval", "Evaluate a model: ppl (perplexity), kld (against a reference), bfcl (tool calling)");
   eval->require_subcommand(1);
+  {
+    auto f = std::make_shared<EvalTextFlags>();
+    CLI::App* ppl = eval->add_subcommand(
+        "ppl", "Perplexity with llama-perplexity's protocol (windows with BOS first, second half scored), on the CPU");
+    ppl->add_option("--model", f->model, "Checkpoint directory (float or quantized)")->required();
+    add_text_options(ppl, *f);
+    ppl->callback([f, &ctx] { ctx.exit_code = run_eval_text(*f, false); });
+  }
+  {
+    auto f = std::make_shared<EvalTextFlags>();
+    CLI::App* kld = eval->add_subcommand(
+        "kld", "KL divergence, top-1 agreement and perplexities of a model against a reference, same protocol, on the CPU");
+    kld->add_option("--model", f->model, "Checkpoint directory (e.g. the quantized one)")->required();
+    kld->add_option("--reference", f->reference, "Reference checkpoint (e.g. the float one; its tokenizer is used)")->required();
+    add_text_options(kld, *f);
+    kld->callback([f, &ctx] { ctx.exit_code = run_eval_text(*f, true); });
+  }
   auto f = std::make_shared<EvalBfclFlags>();
   CLI::App* cmd = eval->add_subcommand("bfcl", "BFCL-style tool calling: BFCL's AST categories, scored by BFCL's AST rules");
   cmd->add_option("--model", f->model, "Bundle, BUNDLE/config.json or checkpoint, run in process (as petrel serve runs it)");

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "petrel/eval/validate.h"
 #include "petrel/model/llama.h"
@@ -38,20 +39,10 @@ int run_validate(ValidateFlags f) {
   if (!quantized.ok()) return report_error("validate", quantized.status());
   auto reference = LlamaModel::load(f.reference);
   if (!reference.ok()) return report_error("validate", reference.status());
-  auto tokenizer = Tokenizer::load(f.reference);
-  if (!tokenizer.ok()) return report_error("validate", tokenizer.status());
-  const bool default_text = f.text.empty();
-  const std::string text_path = default_text ? PETREL_DEFAULT_CORPUS : f.text;
-  // The default corpus's first 90% is quantize's default calibration text: validate on the rest.
-  auto text = default_text ? quant::read_text_fraction(text_path, 1.0 - f.text_tail, /*head=*/false)
-                           : read_text_file(text_path);
-  if (!text.ok()) return report_error("validate", text.status());
-  auto ids = tokenizer->encode(*text, EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
-  if (!ids.ok()) return report_error("validate", ids.status().with_context(text_path));
-  const auto bos = tokenizer->bos_id() ? tokenizer->bos_id() : (*reference)->config().bos_token_id;
-  if (!bos) return report_error("validate", invalid_data("the tokenizer and config.json name no BOS token"));
-  std::vector<int32_t> tokens{*bos};
-  tokens.insert(tokens.end(), ids->begin(), ids->end());
+  auto held_out = held_out_tokens(f.reference, f.text, f.text_tail, (*reference)->config().bos_token_id);
+  if (!held_out.ok()) return report_error("validate", held_out.status());
+  const std::vector<int32_t>& tokens = held_out->tokens;
+  const int32_t* bos = &held_out->bos;
 
   ProgressBar progress("validate", 1, !f.quiet);
   f.options.kv_type = kv_type_of(f.kv_type);
@@ -64,7 +55,7 @@ int run_validate(ValidateFlags f) {
   auto json = report->to_json();
   json["checkpoint"] = f.checkpoint;
   json["reference"] = f.reference;
-  json["text"] = default_text ? text_path + " (last " + std::to_string(static_cast<int>(f.text_tail * 100)) + "%)" : text_path;
+  json["text"] = held_out->description;
   json["window"] = f.options.window;
   json["chunk_size"] = f.options.chunk_size;
   json["kv_type"] = f.kv_type;

@@ -1,5 +1,6 @@
 #include "petrel/eval/validate.h"
 
+#include <cmath>
 #include <cstdio>
 
 namespace petrel::eval {
@@ -107,6 +108,86 @@ Result<ValidateReport> validate_paths(const LlamaModel& quantized, const LlamaMo
                                   report.paths.top1_agreement, th.min_path_top1));
   }
   return report;
+}
+
+namespace {
+
+// The number of windows a text gives (checked), as validate_paths counts them.
+Result<int64_t> count_windows(const LlamaModel& model, size_t tokens, int64_t window, int64_t max_windows) {
+  if (window < 4 || window > model.config().max_position_embeddings) {
+    return invalid_argument("window " + std::to_string(window) + " must be in [4, max_position_embeddings]");
+  }
+  int64_t n = static_cast<int64_t>(tokens) / window;
+  if (max_windows >= 0) n = std::min(n, max_windows);
+  if (n == 0) {
+    return invalid_argument("the text has " + std::to_string(tokens) + " tokens, fewer than one window of " + std::to_string(window));
+  }
+  return n;
+}
+
+}  // namespace
+
+nlohmann::ordered_json PerplexityReport::to_json() const {
+  return {{"windows", windows}, {"positions", positions}, {"nll_mean", nll_mean}, {"perplexity", perplexity},
+          {"perplexity_stderr", perplexity_stderr}};
+}
+
+Result<PerplexityReport> perplexity(const LlamaModel& model, const std::vector<int32_t>& tokens, int32_t bos,
+                                    const PerplexityOptions& options, const std::function<void(int64_t, int64_t)>& progress) {
+  const int64_t w = options.window;
+  PETREL_ASSIGN_OR_RETURN(const int64_t n_windows, count_windows(model, tokens.size(), w, options.max_windows));
+  const int64_t vocab = model.config().vocab_size;
+  double sum = 0, sum_sq = 0;
+  int64_t positions = 0;
+  std::vector<float> logits;
+  std::vector<double> log_probs;
+  for (int64_t k = 0; k < n_windows; ++k) {
+    std::vector<int32_t> window(tokens.begin() + k * w, tokens.begin() + (k + 1) * w);
+    window[0] = bos;
+    PETREL_RETURN_IF_ERROR(window_logits(model, window, options.token_generator, options.chunk_size, options.kv_type, &logits));
+    for (int64_t i = w / 2; i < w - 1; ++i) {
+      log_softmax(std::span<const float>(logits.data() + i * vocab, vocab), log_probs);
+      const double nll = -log_probs[window[i + 1]];
+      sum += nll;
+      sum_sq += nll * nll;
+      ++positions;
+    }
+    if (progress) progress(k + 1, n_windows);
+  }
+  PerplexityReport r;
+  r.windows = n_windows;
+  r.positions = positions;
+  r.nll_mean = sum / positions;
+  r.perplexity = std::exp(r.nll_mean);
+  const double variance = positions > 1 ? (sum_sq / positions - r.nll_mean * r.nll_mean) * positions / (positions - 1) : 0.0;
+  r.perplexity_stderr = r.perplexity * std::sqrt(std::max(variance, 0.0) / positions);
+  return r;
+}
+
+Result<FidelitySummary> compare_models(const LlamaModel& model, const LlamaModel& reference, const std::vector<int32_t>& tokens,
+                                       int32_t bos, const PerplexityOptions& options,
+                                       const std::function<void(int64_t, int64_t)>& progress) {
+  const int64_t vocab = reference.config().vocab_size;
+  if (model.config().vocab_size != vocab) {
+    return invalid_argument("the model's vocabulary (" + std::to_string(model.config().vocab_size) +
+                            ") differs from the reference's (" + std::to_string(vocab) + ")");
+  }
+  const int64_t w = options.window;
+  PETREL_ASSIGN_OR_RETURN(const int64_t n_windows, count_windows(reference, tokens.size(), w, options.max_windows));
+  FidelityAccumulator acc;
+  std::vector<float> ref_logits, logits;
+  for (int64_t k = 0; k < n_windows; ++k) {
+    std::vector<int32_t> window(tokens.begin() + k * w, tokens.begin() + (k + 1) * w);
+    window[0] = bos;
+    PETREL_RETURN_IF_ERROR(window_logits(reference, window, false, options.chunk_size, KvType::kF32, &ref_logits));
+    PETREL_RETURN_IF_ERROR(window_logits(model, window, options.token_generator, options.chunk_size, options.kv_type, &logits));
+    for (int64_t i = w / 2; i < w - 1; ++i) {
+      acc.add(std::span<const float>(ref_logits.data() + i * vocab, vocab), std::span<const float>(logits.data() + i * vocab, vocab),
+              window[i + 1]);
+    }
+    if (progress) progress(k + 1, n_windows);
+  }
+  return acc.summary();
 }
 
 }  // namespace petrel::eval

@@ -53,4 +53,29 @@ Result<ValidateReport> validate_paths(const LlamaModel& quantized, const LlamaMo
                                       const std::vector<int32_t>& tokens, int32_t bos, const ValidateOptions& options,
                                       const std::function<void(int64_t, int64_t)>& progress = {});
 
+// `petrel eval ppl`: one model's perplexity with the same protocol (windows of `window` tokens, BOS first, the
+// second half scored), through the prompt processor or the token generator. ppl_stderr is the standard error of
+// the estimate (exp(mean NLL) times the standard error of the mean NLL), as llama-perplexity prints it.
+struct PerplexityOptions {
+  int64_t window = 256;
+  int64_t chunk_size = 128;
+  int64_t max_windows = -1;
+  KvType kv_type = KvType::kF16;
+  bool token_generator = false;
+};
+struct PerplexityReport {
+  int64_t windows = 0, positions = 0;
+  double nll_mean = 0, perplexity = 0, perplexity_stderr = 0;
+  nlohmann::ordered_json to_json() const;
+};
+Result<PerplexityReport> perplexity(const LlamaModel& model, const std::vector<int32_t>& tokens, int32_t bos,
+                                    const PerplexityOptions& options,
+                                    const std::function<void(int64_t, int64_t)>& progress = {});
+
+// `petrel eval kld`: a model against a reference on one path (the reference with a float32 KV cache, the model
+// as deployed), same windows: KL divergence (reference || model), top-1 agreement, both perplexities.
+Result<FidelitySummary> compare_models(const LlamaModel& model, const LlamaModel& reference, const std::vector<int32_t>& tokens,
+                                       int32_t bos, const PerplexityOptions& options,
+                                       const std::function<void(int64_t, int64_t)>& progress = {});
+
 }  // namespace petrel::eval
