@@ -63,7 +63,7 @@ TEST(Bfcl, StandardizeAndToolConversion) {
   EXPECT_EQ(bfcl_standardize("it's a_b-c*d^e/f."), "it\"sabcdef");
   EXPECT_EQ(bfcl_standardize("DIVINÓPOLIS, MG"), "divinópolismg");  // Python lower-cases beyond ASCII
   EXPECT_EQ(bfcl_standardize("ŁÓDŹ ΑΘΗΝΑ МОСКВА"), "łódźαθηναмосква");
-  EXPECT_EQ(bfcl_standardize(std::string("a\xff\xc3B")), std::string("a\xff\xc3b"));  // bytes that are not UTF-8 stay
+  EXPECT_EQ(bfcl_standardize(std::string("a\xff\xc3" "B")), std::string("a\xff\xc3" "b"));  // bytes that are not UTF-8 stay
   const ojson f = ojson::parse(R"({"name": "math.hypot", "description": "d", "parameters": {"type": "dict",
       "properties": {"x": {"type": "float"}, "pts": {"type": "tuple", "items": {"type": "any"}},
       "opts": {"type": "dict", "properties": {"k": {"type": "integer"}}}}, "required": ["x"]}})");
@@ -99,6 +99,16 @@ TEST(Bfcl, ScoringCountsEmptyAnswersAndErrorsApart) {
   call.calls = {{"f", "{}"}};
   EXPECT_FALSE(score_bfcl_answer(e, "irrelevance", call).correct);
   EXPECT_TRUE(score_bfcl_answer(e, "live_relevance", call).correct);
+  // Someone else's malformed answers are errors, not crashes.
+  for (const char* body : {R"({"choices": [{"message": {"tool_calls": [{"function": {"name": 5}}]}}]})",
+                           R"({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "many"}})",
+                           R"({"choices": "none"})", R"({"error": 3})", "[]"}) {
+    const BfclAnswer a = bfcl_answer_from_response(ojson::parse(body));
+    EXPECT_TRUE(!a.ok || a.calls.empty()) << body;
+    if (!a.ok) {
+      EXPECT_FALSE(a.error.empty()) << body;
+    }
+  }
   // AST: arguments that are not an object cannot be decoded.
   auto loaded = load_bfcl_category(bfcl_dir(), "simple_python", 1);
   ASSERT_TRUE(loaded.ok());

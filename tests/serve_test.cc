@@ -449,7 +449,9 @@ TEST(ChatRequest, MutatedBodiesNeverCrash) {
       CompletionOptions options;
       options.tool_format = ToolCallFormat::kNemotron;
       auto out = run_chat_completion(gen, std::get<ChatRequest>(r), options, [](const std::string&) { return true; });
-      if (auto* e = std::get_if<ApiError>(&out)) EXPECT_FALSE(e->message.empty());
+      if (auto* e = std::get_if<ApiError>(&out)) {
+        EXPECT_FALSE(e->message.empty());
+      }
     } else {
       EXPECT_FALSE(std::get<ApiError>(r).message.empty());
     }

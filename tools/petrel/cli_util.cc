@@ -3,6 +3,7 @@
 #include "petrel/quant/calibration.h"
 #include "petrel/text/tokenizer.h"
 #include "petrel/util/file.h"
+#include "petrel/util/parallel.h"
 
 #include <cctype>
 #include <charconv>
@@ -29,6 +30,17 @@ Result<std::vector<int32_t>> parse_token_ids(const std::string& text, const std:
     i = j;
   }
   return ids;
+}
+
+Result<std::shared_ptr<Engine>> load_engine(const std::string& model, const std::string& backend, int64_t context_length,
+                                            bool deterministic, int threads) {
+  PETREL_ASSIGN_OR_RETURN(Backend parsed, parse_backend(backend));
+  ThreadPool::set_global_threads(threads);
+  EngineOptions options;
+  options.backend = parsed;
+  options.context_length = context_length;
+  options.cuda_deterministic = deterministic;
+  return Engine::load(model, options);
 }
 
 Result<HeldOutTokens> held_out_tokens(const std::string& model_dir, const std::string& text_path, double tail,

@@ -2,16 +2,23 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "petrel/runtime/session.h"
 #include "petrel/util/status.h"
 
 namespace petrel::cli {
 
 // Parses "1,2,3", "1 2 3" or any mix of commas and whitespace into ids; names the bad item on error.
 Result<std::vector<int32_t>> parse_token_ids(const std::string& text, const std::string& what);
+
+// Loads a model for run-time commands (chat, serve, eval): --backend's name checked, the CPU thread pool sized
+// (threads 0: all cores), the GPU's KV cache for context_length positions, --deterministic.
+Result<std::shared_ptr<Engine>> load_engine(const std::string& model, const std::string& backend, int64_t context_length,
+                                            bool deterministic, int threads);
 
 // Held-out text as tokens for perplexity-style evaluation (validate, eval ppl/kld): `text_path`, or when empty
 // the last `tail` of the shipped WikiText-2 corpus (quantize calibrates on the rest); tokenized with the model

@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "petrel/runtime/session.h"
 #include "petrel/text/reasoning.h"
-#include "petrel/util/parallel.h"
 
 namespace petrel::cli {
 
@@ -32,14 +32,7 @@ struct ChatFlags {
 
 int run_chat(const ChatFlags& f) {
   const char* cmd = "chat";
-  auto backend = parse_backend(f.backend);
-  if (!backend.ok()) return report_error(cmd, backend.status());
-  ThreadPool::set_global_threads(f.threads);
-  EngineOptions engine_options;
-  engine_options.backend = *backend;
-  engine_options.context_length = f.context_length;
-  engine_options.cuda_deterministic = f.deterministic;
-  auto engine = Engine::load(f.model, engine_options);
+  auto engine = load_engine(f.model, f.backend, f.context_length, f.deterministic, f.threads);
   if (!engine.ok()) return report_error(cmd, engine.status());
   if (!(*engine)->tokenizer() || !(*engine)->templates()) {
     return report_error(cmd, invalid_argument(f.model + ": chat needs tokenizer.json and a chat template"));

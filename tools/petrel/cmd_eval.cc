@@ -107,44 +107,35 @@ int run_eval_bfcl(const EvalBfclFlags& f) {
   serve::CompletionOptions completion;
   ojson meta = {{"data", f.data}, {"max_tokens", f.max_tokens}, {"temperature", f.temperature}, {"reasoning", f.reasoning}};
   if (!f.model.empty()) {
-    auto backend = parse_backend(f.backend);
-    if (!backend.ok()) return report_error(cmd, backend.status());
-    ThreadPool::set_global_threads(f.threads);
-    EngineOptions engine_options;
-    engine_options.backend = *backend;
-    engine_options.context_length = f.context_length;
-    engine_options.cuda_deterministic = f.deterministic;
-    auto engine = Engine::load(f.model, engine_options);
+    auto engine = load_engine(f.model, f.backend, f.context_length, f.deterministic, f.threads);
     if (!engine.ok()) return report_error(cmd, engine.status());
     auto created = serve::EngineGenerator::create(*engine, f.context_length);
     if (!created.ok()) return report_error(cmd, created.status());
     generator = std::move(*created);
     completion.model_name = f.model_name;
     completion.limits.max_tokens = f.context_length;
-    completion.template_writes_tools = generator->template_writes_tools();
-    if (f.tool_format == "auto") {
-      completion.tool_format = generator->detected_tool_format();
-    } else {
-      auto format = serve::parse_tool_call_format(f.tool_format);
-      if (!format.ok()) return report_error(cmd, format.status());
-      completion.tool_format = *format;
-    }
+    if (Status s = generator->configure_tools(f.tool_format, completion); !s.ok()) return report_error(cmd, s);
     meta["model"] = f.model;
     meta["backend"] = backend_name((*engine)->backend());
     meta["tool_format"] = serve::tool_call_format_name(completion.tool_format);
     ask = [&](const ojson& request) {
       eval::BfclAnswer a;
-      auto parsed = serve::parse_chat_request(request.dump(), completion.limits);
-      if (auto* e = std::get_if<serve::ApiError>(&parsed)) {
-        a.error = e->message;
+      try {  // as the server answers a request: checked, then run; any failure is this entry's error
+        auto parsed = serve::parse_chat_request(request.dump(), completion.limits);
+        if (auto* e = std::get_if<serve::ApiError>(&parsed)) {
+          a.error = e->message;
+          return a;
+        }
+        auto result = serve::run_chat_completion(*generator, std::get<serve::ChatRequest>(parsed), completion, nullptr);
+        if (auto* e = std::get_if<serve::ApiError>(&result)) {
+          a.error = e->message;
+          return a;
+        }
+        return eval::bfcl_answer_from_response(std::get<ojson>(result));
+      } catch (const std::exception& e) {
+        a.error = std::string("internal error: ") + e.what();
         return a;
       }
-      auto result = serve::run_chat_completion(*generator, std::get<serve::ChatRequest>(parsed), completion, nullptr);
-      if (auto* e = std::get_if<serve::ApiError>(&result)) {
-        a.error = e->message;
-        return a;
-      }
-      return eval::bfcl_answer_from_response(std::get<ojson>(result));
     };
   } else {
     auto made = endpoint_ask(f);

@@ -9,11 +9,11 @@
 #include <string>
 #include <thread>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "petrel/runtime/session.h"
 #include "petrel/serve/server.h"
 #include "petrel/text/reasoning.h"
-#include "petrel/util/parallel.h"
 
 namespace petrel::cli {
 
@@ -36,15 +36,8 @@ struct ServeFlags {
 
 int run_serve(const ServeFlags& f) {
   const char* cmd = "serve";
-  auto backend = parse_backend(f.backend);
-  if (!backend.ok()) return report_error(cmd, backend.status());
-  ThreadPool::set_global_threads(f.threads);
-  EngineOptions engine_options;
-  engine_options.backend = *backend;
-  engine_options.context_length = f.context_length;
-  engine_options.cuda_deterministic = f.deterministic;
   std::fprintf(stderr, "petrel serve: loading %s\n", f.model.c_str());
-  auto engine = Engine::load(f.model, engine_options);
+  auto engine = load_engine(f.model, f.backend, f.context_length, f.deterministic, f.threads);
   if (!engine.ok()) return report_error(cmd, engine.status());
   auto generator = serve::EngineGenerator::create(*engine, f.context_length, kv_type_of(f.kv_type));
   if (!generator.ok()) return report_error(cmd, generator.status());
@@ -69,14 +62,7 @@ int run_serve(const ServeFlags& f) {
   c.limits.max_tokens = f.max_tokens > 0 ? f.max_tokens : f.context_length;
   c.limits.max_request_seconds = f.timeout_s;
   c.limits.max_request_bytes = f.max_body_bytes;
-  c.template_writes_tools = (*generator)->template_writes_tools();
-  if (f.tool_format == "auto") {
-    c.tool_format = (*generator)->detected_tool_format();
-  } else {
-    auto format = serve::parse_tool_call_format(f.tool_format);
-    if (!format.ok()) return report_error(cmd, format.status());
-    c.tool_format = *format;
-  }
+  if (Status s = (*generator)->configure_tools(f.tool_format, c); !s.ok()) return report_error(cmd, s);
   if (f.reasoning_style != "auto") {
     auto style = text::parse_reasoning_style(f.reasoning_style);
     if (!style.ok()) return report_error(cmd, style.status());

@@ -506,7 +506,25 @@ Result<std::vector<BfclEntry>> load_bfcl_category(const std::filesystem::path& d
   return entries;
 }
 
+namespace {
+
+BfclAnswer answer_from_response(const ojson& response);
+
+}  // namespace
+
 BfclAnswer bfcl_answer_from_response(const ojson& response) {
+  try {
+    return answer_from_response(response);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type in someone else's answer
+    BfclAnswer a;
+    a.error = std::string("malformed response: ") + e.what();
+    return a;
+  }
+}
+
+namespace {
+
+BfclAnswer answer_from_response(const ojson& response) {
   BfclAnswer a;
   if (!response.is_object()) {
     a.error = "the response is not a JSON object";
@@ -537,6 +555,8 @@ BfclAnswer bfcl_answer_from_response(const ojson& response) {
   a.ok = true;
   return a;
 }
+
+}  // namespace
 
 BfclEntryResult score_bfcl_answer(const BfclEntry& entry, const std::string& category, const BfclAnswer& answer) {
   BfclEntryResult r;
@@ -593,7 +613,11 @@ BfclCategoryResult run_bfcl_category(const std::string& category, const std::vec
   const auto start = std::chrono::steady_clock::now();
   for (const BfclEntry& entry : entries) {
     ojson tools = ojson::array();
-    for (const ojson& f : entry.functions) tools.push_back(bfcl_tool_from_function(f));
+    try {
+      for (const ojson& f : entry.functions) tools.push_back(bfcl_tool_from_function(f));
+    } catch (const nlohmann::json::exception&) {
+      tools = entry.functions;  // sent as they are; the server will say what is wrong with them
+    }
     ojson request = {{"model", options.model_name}, {"messages", entry.messages}, {"tools", tools},
                      {"max_tokens", options.max_tokens}};
     if (options.temperature) request["temperature"] = *options.temperature;
@@ -601,7 +625,14 @@ BfclCategoryResult run_bfcl_category(const std::string& category, const std::vec
       for (auto it = options.extra_request.begin(); it != options.extra_request.end(); ++it) request[it.key()] = it.value();
     }
     const BfclAnswer answer = ask(request);
-    BfclEntryResult scored = score_bfcl_answer(entry, category, answer);
+    BfclEntryResult scored;
+    try {
+      scored = score_bfcl_answer(entry, category, answer);
+    } catch (const nlohmann::json::exception& e) {  // a schema or ground truth of an unexpected shape
+      scored.id = entry.id;
+      scored.outcome = "error";
+      scored.error = std::string("malformed entry: ") + e.what();
+    }
     ++result.total;
     result.correct += scored.correct;
     result.empty += scored.outcome == "empty";

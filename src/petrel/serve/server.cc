@@ -62,6 +62,16 @@ bool EngineGenerator::template_writes_tools() const {
   return serve::template_writes_tools(engine_->templates()->select(/*has_tools=*/true).source());
 }
 
+Status EngineGenerator::configure_tools(std::string_view tool_format, CompletionOptions& options) const {
+  options.template_writes_tools = template_writes_tools();
+  if (tool_format == "auto") {
+    options.tool_format = detected_tool_format();
+    return ok_status();
+  }
+  PETREL_ASSIGN_OR_RETURN(options.tool_format, parse_tool_call_format(tool_format));
+  return ok_status();
+}
+
 Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const GenerationEvents& events) {
   PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt, build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), turn.messages,
                                                                turn.tools, turn.prompt));
@@ -153,9 +163,15 @@ void Server::install_routes() {
       WaitingSlot slot(waiting_);
       std::lock_guard<std::mutex> lock(model_mutex_);
       auto emit = [&sink](const std::string& event) { return sink.is_writable() && sink.write(event.data(), event.size()); };
-      auto result = run_chat_completion(*generator_, *request, options_.completion, emit);
-      if (auto* e = std::get_if<ApiError>(&result)) {
-        emit("data: " + e->to_json().dump() + "\n\n");
+      // The provider runs outside httplib's exception handler: nothing may escape it.
+      try {
+        auto result = run_chat_completion(*generator_, *request, options_.completion, emit);
+        if (auto* e = std::get_if<ApiError>(&result)) {
+          emit("data: " + e->to_json().dump() + "\n\n");
+          emit("data: [DONE]\n\n");
+        }
+      } catch (const std::exception& e) {
+        emit("data: " + simple_error(500, "server_error", std::string("internal error: ") + e.what()).to_json().dump() + "\n\n");
         emit("data: [DONE]\n\n");
       }
       sink.done();

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "petrel/runtime/session.h"
 #include "petrel/serve/openai_api.h"
@@ -37,6 +38,9 @@ class EngineGenerator : public ChatGenerator {
   // The tool-call format the model's chat template implies, and whether it writes the tools (tool_calls.h).
   ToolCallFormat detected_tool_format() const;
   bool template_writes_tools() const;
+  // Sets options.tool_format from a --tool-format name ("auto": detected_tool_format()) and
+  // options.template_writes_tools; kInvalidArgument for an unknown name.
+  Status configure_tools(std::string_view tool_format, CompletionOptions& options) const;
 
  private:
   std::shared_ptr<const Engine> engine_;
