@@ -2,8 +2,9 @@
 """petrel serve against the official OpenAI Python client (an independent reader of the protocol).
 
 Starts `petrel serve` on tiny-llama31 (CPU, any free port), then checks with `openai`:
-models.list, a greedy completion, the same completion streamed (deltas joined equal the whole answer,
-usage in the last chunk), the reasoning switch accepted, and 400s for bad requests (the server keeps serving).
+models.list, a greedy chat completion, the same completion streamed (deltas joined equal the whole answer,
+usage in the last chunk), seeded sampling, stop sequences, text completions (whole and streamed), and 400s for
+bad requests (the server keeps serving).
 Exits 77 (ctest: skipped) when the openai package is not installed: scripts/test.sh installs it into
 BUILD/pyenv.
 
@@ -102,6 +103,12 @@ def main():
                 check(False, f"{what} refused")
             except openai.BadRequestError as e:
                 check(e.status_code == 400 and e.body and "message" in e.body, f"{what} refused with 400: {e.body.get('message') if e.body else ''}")
+
+        text = client.completions.create(model="x", prompt="The history of", max_tokens=12, temperature=0)
+        check(text.object == "text_completion" and len(text.choices[0].text) > 0, "completions: a text answer")
+        streamed_text = "".join(c.choices[0].text for c in client.completions.create(
+            model="x", prompt="The history of", max_tokens=12, temperature=0, stream=True) if c.choices)
+        check(streamed_text == text.choices[0].text, "completions: streamed text joins to the same answer")
 
         after = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
         check(after.choices[0].message.content == choice.message.content, "still serving, same greedy answer")

@@ -555,6 +555,69 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   EXPECT_EQ(ojson::parse(again->body)["choices"][0]["message"]["content"], expected->text);
 }
 
+// POST /v1/completions: a raw prompt, no template; the answer equals the runtime API's for the prompt's tokens.
+TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
+  auto engine = tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  auto generator = EngineGenerator::create(engine, 512);
+  ASSERT_TRUE(generator.ok());
+  RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
+  auto client = running.client();
+
+  auto tokens = engine->tokenizer()->encode("The history of", EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
+  ASSERT_TRUE(tokens.ok());
+  auto session = Session::create(engine, 512);
+  ASSERT_TRUE(session.ok());
+  GenerationConfig greedy;
+  greedy.sampler = SamplerConfig::greedy_config();
+  greedy.max_new_tokens = 12;
+  auto expected = (*session)->query_tokens(*tokens, greedy);
+  ASSERT_TRUE(expected.ok());
+
+  for (const ojson& prompt : {ojson("The history of"), ojson(*tokens)}) {
+    const ojson body = {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+    auto res = client.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const ojson r = ojson::parse(res->body);
+    EXPECT_EQ(r["object"], "text_completion");
+    EXPECT_EQ(r["choices"][0]["text"], expected->text) << prompt.dump();
+    EXPECT_EQ(r["usage"]["prompt_tokens"], static_cast<int64_t>(tokens->size()));
+    EXPECT_EQ(r["usage"]["completion_tokens"], expected->stats.generated_tokens);
+  }
+  // A prompt that already starts with BOS does not get a second one.
+  const ojson with_bos = {{"prompt", "<|begin_of_text|>The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"echo", true}};
+  if (engine->tokenizer()->bos_id()) {
+    auto res = client.Post("/v1/completions", with_bos.dump(), "application/json");
+    ASSERT_TRUE(res);
+    const ojson r = ojson::parse(res->body);
+    EXPECT_EQ(r["usage"]["prompt_tokens"], static_cast<int64_t>(tokens->size()));
+    EXPECT_EQ(r["choices"][0]["text"], "<|begin_of_text|>The history of" + expected->text);  // echo
+  }
+  ojson stream_body = {{"prompt", "The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}};
+  auto streamed = client.Post("/v1/completions", stream_body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  std::string joined;
+  for (size_t at = 0; (at = streamed->body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = streamed->body.find("\n\n", at);
+    const std::string data = streamed->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    joined += ojson::parse(data)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(joined, expected->text);
+  const std::pair<const char*, const char*> bad_requests[] = {
+      {R"({"prompt": ["a", "b"]})", "prompt"}, {R"({"prompt": ""})", "prompt"}, {R"({"prompt": [-1]})", "prompt"},
+      {R"({"prompt": [99999999]})", "prompt"}, {R"({"prompt": "x", "logprobs": 3})", "logprobs"},
+      {R"({"prompt": "x", "suffix": "y"})", "suffix"}, {R"({"prompt": "x", "best_of": 2})", "best_of"}};
+  for (const auto& [bad, param] : bad_requests) {
+    auto res = client.Post("/v1/completions", bad, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << bad << " " << res->body;
+    EXPECT_EQ(ojson::parse(res->body)["error"]["param"], param) << res->body;
+  }
+}
+
 // A generator that blocks until released: to hold the model busy.
 class GateGenerator : public ChatGenerator {
  public:

@@ -1,5 +1,6 @@
 #include "petrel/serve/openai_api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -168,6 +169,75 @@ std::string finish_reason_name(StopReason reason, bool calls, bool timed_out) {
   return "stop";
 }
 
+// The fields both endpoints share (SamplingRequest); an error names the key.
+std::optional<ApiError> parse_sampling(const ojson& j, const ServeLimits& limits, SamplingRequest& r) {
+  if (j.contains("model") && j["model"].is_string()) r.model = j["model"].get<std::string>();
+  if (auto e = get_bool(j, "stream", r.stream)) return e;
+  if (j.contains("stream_options") && j["stream_options"].is_object()) {
+    if (auto e = get_bool(j["stream_options"], "include_usage", r.include_usage)) {
+      e->param = "stream_options.include_usage";
+      return e;
+    }
+  }
+  std::optional<double> number;
+  if (auto e = get_number(j, "temperature", 0.0, 2.0, number)) return e;
+  if (number) r.temperature = static_cast<float>(*number);
+  number.reset();
+  if (auto e = get_number(j, "top_p", 0.0, 1.0, number)) return e;
+  if (number) {
+    if (*number <= 0.0) return bad("top_p", "must be greater than 0");
+    r.top_p = static_cast<float>(*number);
+  }
+  number.reset();
+  if (auto e = get_number(j, "presence_penalty", -2.0, 2.0, number)) return e;
+  r.presence_penalty = static_cast<float>(number.value_or(0.0));
+  number.reset();
+  if (auto e = get_number(j, "frequency_penalty", -2.0, 2.0, number)) return e;
+  r.frequency_penalty = static_cast<float>(number.value_or(0.0));
+  std::optional<int64_t> integer;
+  if (auto e = get_integer(j, "top_k", -1, 1 << 20, integer)) return e;
+  if (integer) r.top_k = static_cast<int32_t>(std::max<int64_t>(*integer, 0));  // -1 (vLLM): off
+  integer.reset();
+  if (auto e = get_integer(j, "seed", INT64_MIN, INT64_MAX, integer)) return e;
+  if (integer) r.seed = static_cast<uint64_t>(*integer);
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    integer.reset();
+    if (auto e = get_integer(j, key, 1, INT64_MAX, integer)) return e;
+    if (integer) r.max_tokens = std::min(*integer, limits.max_tokens);
+  }
+  integer.reset();
+  if (auto e = get_integer(j, "n", 1, INT64_MAX, integer)) return e;
+  if (integer && *integer != 1) return bad("n", "only n = 1 is supported");
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const ojson& s = j["stop"];
+    const ojson list = s.is_string() ? ojson::array({s}) : s;
+    if (!list.is_array() || list.size() > 16) return bad("stop", "expected a string or up to 16 strings");
+    for (const ojson& item : list) {
+      if (!item.is_string() || item.get<std::string>().empty()) return bad("stop", "each stop sequence must be a non-empty string");
+      r.stop.push_back(item.get<std::string>());
+    }
+  }
+  return std::nullopt;
+}
+
+// Sampling as OpenAI defines it (temperature before top-p; 0 is greedy), the server's defaults for what is missing.
+GenerationConfig generation_config(const SamplingRequest& request, const CompletionOptions& options) {
+  GenerationConfig g;
+  SamplerConfig& s = g.sampler;
+  s.temperature = request.temperature.value_or(options.defaults.temperature);
+  s.top_p = request.top_p.value_or(options.defaults.top_p);
+  s.top_k = request.top_k.value_or(options.defaults.top_k);
+  s.greedy = s.temperature <= 0.0f;
+  s.seed = request.seed;
+  s.presence_penalty = request.presence_penalty;
+  s.frequency_penalty = request.frequency_penalty;
+  s.penalize_last_n = 0;
+  s.top_p_after_temperature = true;
+  g.max_new_tokens = std::min(request.max_tokens.value_or(options.defaults.max_tokens), options.limits.max_tokens);
+  g.stop_strings = request.stop;
+  return g;
+}
+
 }  // namespace
 
 ojson ApiError::to_json() const {
@@ -209,7 +279,6 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     return bad("", "the request nests arrays/objects deeper than " + std::to_string(limits.max_json_depth));
   }
   ChatRequest r;
-  if (j.contains("model") && j["model"].is_string()) r.model = j["model"].get<std::string>();
   auto messages = check_messages(j.contains("messages") ? j["messages"] : ojson(), limits);
   if (auto* e = std::get_if<ApiError>(&messages)) return *e;
   r.messages = std::move(std::get<ojson>(messages));
@@ -237,56 +306,12 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     if ((r.tool_choice == "required" || r.forced_function) && r.tools.is_null()) return bad("tool_choice", "needs tools");
   }
 
-  if (auto e = get_bool(j, "stream", r.stream)) return *e;
-  if (j.contains("stream_options") && j["stream_options"].is_object()) {
-    if (auto e = get_bool(j["stream_options"], "include_usage", r.include_usage)) {
-      e->param = "stream_options.include_usage";
-      return *e;
-    }
-  }
-  std::optional<double> number;
-  if (auto e = get_number(j, "temperature", 0.0, 2.0, number)) return *e;
-  if (number) r.temperature = static_cast<float>(*number);
-  number.reset();
-  if (auto e = get_number(j, "top_p", 0.0, 1.0, number)) return *e;
-  if (number) {
-    if (*number <= 0.0) return bad("top_p", "must be greater than 0");
-    r.top_p = static_cast<float>(*number);
-  }
-  number.reset();
-  if (auto e = get_number(j, "presence_penalty", -2.0, 2.0, number)) return *e;
-  r.presence_penalty = static_cast<float>(number.value_or(0.0));
-  number.reset();
-  if (auto e = get_number(j, "frequency_penalty", -2.0, 2.0, number)) return *e;
-  r.frequency_penalty = static_cast<float>(number.value_or(0.0));
-  std::optional<int64_t> integer;
-  if (auto e = get_integer(j, "top_k", -1, 1 << 20, integer)) return *e;
-  if (integer) r.top_k = static_cast<int32_t>(std::max<int64_t>(*integer, 0));  // -1 (vLLM): off
-  integer.reset();
-  if (auto e = get_integer(j, "seed", INT64_MIN, INT64_MAX, integer)) return *e;
-  if (integer) r.seed = static_cast<uint64_t>(*integer);
-  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
-    integer.reset();
-    if (auto e = get_integer(j, key, 1, INT64_MAX, integer)) return *e;
-    if (integer) r.max_tokens = std::min(*integer, limits.max_tokens);
-  }
-  integer.reset();
-  if (auto e = get_integer(j, "n", 1, INT64_MAX, integer)) return *e;
-  if (integer && *integer != 1) return bad("n", "only n = 1 is supported");
+  if (auto e = parse_sampling(j, limits, r)) return *e;
   bool flag = false;
   if (auto e = get_bool(j, "logprobs", flag)) return *e;
   if (flag) return bad("logprobs", "log probabilities are not supported");
   if (j.contains("response_format") && j["response_format"].is_object() && j["response_format"].value("type", "text") != "text") {
     return bad("response_format", "only {\"type\": \"text\"} is supported");
-  }
-  if (j.contains("stop") && !j["stop"].is_null()) {
-    const ojson& s = j["stop"];
-    const ojson list = s.is_string() ? ojson::array({s}) : s;
-    if (!list.is_array() || list.size() > 16) return bad("stop", "expected a string or up to 16 strings");
-    for (const ojson& item : list) {
-      if (!item.is_string() || item.get<std::string>().empty()) return bad("stop", "each stop sequence must be a non-empty string");
-      r.stop.push_back(item.get<std::string>());
-    }
   }
   // The reasoning switch, three spellings.
   if (j.contains("reasoning_effort") && j["reasoning_effort"].is_string()) {
@@ -341,18 +366,7 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
   turn.prompt.reasoning = request.reasoning;
   turn.prompt.reasoning_style = options.reasoning_style;
   turn.prompt.prefill_empty_thinking_when_off = options.prefill_empty_thinking_when_off;
-  SamplerConfig& s = turn.generation.sampler;
-  s.temperature = request.temperature.value_or(options.defaults.temperature);
-  s.top_p = request.top_p.value_or(options.defaults.top_p);
-  s.top_k = request.top_k.value_or(options.defaults.top_k);
-  s.greedy = s.temperature <= 0.0f;
-  s.seed = request.seed;
-  s.presence_penalty = request.presence_penalty;
-  s.frequency_penalty = request.frequency_penalty;
-  s.penalize_last_n = 0;
-  s.top_p_after_temperature = true;
-  turn.generation.max_new_tokens = std::min(request.max_tokens.value_or(options.defaults.max_tokens), options.limits.max_tokens);
-  turn.generation.stop_strings = request.stop;
+  turn.generation = generation_config(request, options);
   if (const std::string stop = tool_call_stop_string(format); !stop.empty()) turn.generation.stop_strings.push_back(stop);
 
   const std::string id = "chatcmpl-" + random_hex(24);
@@ -454,6 +468,108 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
                   {"usage", usage}};
   if (!parsed.error.empty()) result["petrel_tool_call_error"] = parsed.error;
   return result;
+}
+
+std::variant<TextCompletionRequest, ApiError> parse_text_completion_request(std::string_view body, const ServeLimits& limits) {
+  if (body.size() > limits.max_request_bytes) {
+    ApiError e = bad("", "the request body has " + std::to_string(body.size()) + " bytes, more than the limit " +
+                             std::to_string(limits.max_request_bytes));
+    e.http_status = 413;
+    return e;
+  }
+  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(j));
+  if (!json_depth_within(j, limits.max_json_depth)) {
+    return bad("", "the request nests arrays/objects deeper than " + std::to_string(limits.max_json_depth));
+  }
+  TextCompletionRequest r;
+  const ojson prompt = j.contains("prompt") ? j["prompt"] : ojson();
+  if (prompt.is_string()) {
+    r.prompt = prompt.get<std::string>();
+  } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
+    r.prompt = prompt[0].get<std::string>();
+  } else if (prompt.is_array() && !prompt.empty() && std::all_of(prompt.begin(), prompt.end(), [](const ojson& t) { return t.is_number_integer(); })) {
+    r.tokens_given = true;
+    for (const ojson& t : prompt) {
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id > INT32_MAX) return bad("prompt", "token id " + std::to_string(id) + " is out of range");
+      r.prompt_tokens.push_back(static_cast<int32_t>(id));
+    }
+  } else if (prompt.is_array() && !prompt.empty()) {
+    return bad("prompt", "one prompt a request: a string, or a list of token ids");
+  } else {
+    return bad("prompt", "expected a non-empty string or a list of token ids");
+  }
+  if (!r.tokens_given && r.prompt.empty()) return bad("prompt", "expected a non-empty string or a list of token ids");
+  if (auto e = parse_sampling(j, limits, r)) return *e;
+  if (!r.max_tokens) r.max_tokens = std::min<int64_t>(16, limits.max_tokens);  // OpenAI's default for this endpoint
+  if (auto e = get_bool(j, "echo", r.echo)) return *e;
+  if (j.contains("logprobs") && !j["logprobs"].is_null()) return bad("logprobs", "log probabilities are not supported");
+  if (j.contains("suffix") && !j["suffix"].is_null()) return bad("suffix", "suffix (insertion) is not supported");
+  std::optional<int64_t> best_of;
+  if (auto e = get_integer(j, "best_of", 1, INT64_MAX, best_of)) return *e;
+  if (best_of && *best_of != 1) return bad("best_of", "only best_of = 1 is supported");
+  return r;
+}
+
+std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, const TextCompletionRequest& request,
+                                                  const CompletionOptions& options,
+                                                  const std::function<bool(const std::string&)>& emit) {
+  TextTurn turn;
+  turn.prompt = request.prompt;
+  turn.tokens = request.prompt_tokens;
+  turn.tokens_given = request.tokens_given;
+  turn.generation = generation_config(request, options);
+  const std::string id = "cmpl-" + random_hex(24);
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  auto chunk = [&](const std::string& text, ojson finish) {
+    ojson c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
+               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}}})}};
+    return "data: " + c.dump() + "\n\n";
+  };
+  bool client_gone = false, timed_out = false, sent = false;
+  auto send = [&](const std::string& event) {
+    if (!request.stream || client_gone) return;
+    sent = true;
+    if (!emit(event)) client_gone = true;
+  };
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options.limits.max_request_seconds));
+  std::string text = request.echo && !request.tokens_given ? request.prompt : "";
+  if (!text.empty()) send(chunk(text, nullptr));
+  GenerationEvents events;
+  events.text = [&](std::string_view piece) {
+    text.append(piece);
+    send(chunk(std::string(piece), nullptr));
+    if (Clock::now() > deadline) timed_out = true;
+    return !client_gone && !timed_out;
+  };
+  auto output = generator.generate_text(turn, events);
+  if (!output.ok()) {
+    ApiError e = api_error_from_status(output.status());
+    if (output.status().code() == ErrorCode::kOutOfRange || output.status().code() == ErrorCode::kInvalidArgument) e.param = "prompt";
+    if (!request.stream || !sent) return e;
+    emit("data: " + e.to_json().dump() + "\n\n");
+    emit("data: [DONE]\n\n");
+    return ojson();
+  }
+  const std::string finish = finish_reason_name(output->reason, false, timed_out);
+  const ojson usage = {{"prompt_tokens", output->prompt_tokens},
+                       {"completion_tokens", output->completion_tokens},
+                       {"total_tokens", output->prompt_tokens + output->completion_tokens}};
+  if (request.stream) {
+    send(chunk("", finish));
+    if (request.include_usage) {
+      send("data: " + ojson({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
+                             {"choices", ojson::array()}, {"usage", usage}}).dump() + "\n\n");
+    }
+    send("data: [DONE]\n\n");
+    return ojson();
+  }
+  return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
+               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}})},
+               {"usage", usage}};
 }
 
 }  // namespace petrel::serve

@@ -52,12 +52,9 @@ struct ChatDefaults {
   int64_t max_tokens = 1024;
 };
 
-struct ChatRequest {
+// What both endpoints read: streaming, sampling and length.
+struct SamplingRequest {
   std::string model;
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  nlohmann::ordered_json tools;  // null or a non-empty array of {"type": "function", "function": {...}}
-  std::string tool_choice = "auto";  // "none", "auto", "required"; or a function's name (the call is required)
-  bool forced_function = false;      // tool_choice named a function
   bool stream = false;
   bool include_usage = false;
   std::optional<float> temperature, top_p;
@@ -66,7 +63,24 @@ struct ChatRequest {
   std::optional<int64_t> max_tokens;
   float presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::string> stop;
+};
+
+struct ChatRequest : SamplingRequest {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools;  // null or a non-empty array of {"type": "function", "function": {...}}
+  std::string tool_choice = "auto";  // "none", "auto", "required"; or a function's name (the call is required)
+  bool forced_function = false;      // tool_choice named a function
   text::ReasoningMode reasoning = text::ReasoningMode::kDefault;
+};
+
+// POST /v1/completions (the legacy text API): the prompt as text (tokenized with BOS, special tokens in it read
+// as special, since a raw prompt is the model's own input) or as token ids; `echo` puts the prompt text in front
+// of the answer. One prompt a request; logprobs, suffix and best_of other than 1 are refused.
+struct TextCompletionRequest : SamplingRequest {
+  std::string prompt;
+  std::vector<int32_t> prompt_tokens;
+  bool tokens_given = false;
+  bool echo = false;
 };
 
 // An error for the client: HTTP status, OpenAI error type and the parameter at fault.
@@ -80,6 +94,8 @@ struct ApiError {
 
 // Parses and checks a request body. Every failure names the key (e.g. "messages[2].content: expected a string").
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ServeLimits& limits);
+
+std::variant<TextCompletionRequest, ApiError> parse_text_completion_request(std::string_view body, const ServeLimits& limits);
 
 // What a generator is asked to do: the prepared conversation (tool_calls.h) and how to sample.
 struct ChatTurn {
@@ -105,11 +121,23 @@ struct GenerationEvents {
   std::function<bool(std::string_view)> text;
 };
 
+// A raw prompt (POST /v1/completions): its text, or its token ids when tokens_given.
+struct TextTurn {
+  std::string prompt;
+  std::vector<int32_t> tokens;
+  bool tokens_given = false;
+  GenerationConfig generation;
+};
+
 // Runs one turn. Implementations: the engine's (serve/server.h) and scripted ones in tests.
 class ChatGenerator {
  public:
   virtual ~ChatGenerator() = default;
   virtual Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) = 0;
+  // A raw prompt, no chat template; generators that cannot say kUnsupported.
+  virtual Result<ChatOutput> generate_text(const TextTurn& turn, const GenerationEvents& events) {
+    return unsupported("this generator takes chat messages only");
+  }
 };
 
 struct CompletionOptions {
@@ -127,6 +155,11 @@ struct CompletionOptions {
 // null; others return the chat.completion object. An ApiError comes back only before anything was emitted
 // (later failures are sent as an error event and the stream is closed).
 std::variant<nlohmann::ordered_json, ApiError> run_chat_completion(ChatGenerator& generator, const ChatRequest& request,
+                                                                  const CompletionOptions& options,
+                                                                  const std::function<bool(const std::string&)>& emit);
+
+// The same for a text completion (object "text_completion"; choices[0].text).
+std::variant<nlohmann::ordered_json, ApiError> run_text_completion(ChatGenerator& generator, const TextCompletionRequest& request,
                                                                   const CompletionOptions& options,
                                                                   const std::function<bool(const std::string&)>& emit);
 

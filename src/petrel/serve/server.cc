@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <exception>
+#include <type_traits>
 
 
 namespace petrel::serve {
@@ -87,6 +88,34 @@ Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const Generat
   return out;
 }
 
+Result<ChatOutput> EngineGenerator::generate_text(const TextTurn& turn, const GenerationEvents& events) {
+  ChatPrompt prompt;
+  const int32_t vocab = static_cast<int32_t>(engine_->model().config().vocab_size);
+  if (turn.tokens_given) {
+    for (int32_t id : turn.tokens) {
+      if (id < 0 || id >= vocab) {
+        return invalid_argument("prompt: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      }
+    }
+    prompt.tokens = turn.tokens;
+  } else {
+    PETREL_ASSIGN_OR_RETURN(prompt.tokens, engine_->tokenizer()->encode(turn.prompt, EncodeOptions{.add_special = true, .parse_special = true,
+                                                                                                 .untrusted_ranges = {}}));
+    const std::optional<int32_t> bos = engine_->tokenizer()->bos_id();
+    if (bos && prompt.tokens.size() >= 2 && prompt.tokens[0] == *bos && prompt.tokens[1] == *bos) prompt.tokens.erase(prompt.tokens.begin());
+  }
+  if (prompt.tokens.empty()) return invalid_argument("prompt: no tokens");
+  if (events.started) events.started(false);
+  auto on_token = [&](int32_t, std::string_view text) { return text.empty() || !events.text || events.text(text); };
+  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, turn.generation, on_token));
+  ChatOutput out;
+  out.text = std::move(result.text);
+  out.reason = result.reason;
+  out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
+  out.completion_tokens = result.stats.generated_tokens;
+  return out;
+}
+
 Server::Server(std::shared_ptr<ChatGenerator> generator, ServerOptions options)
     : generator_(std::move(generator)), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
   install_routes();
@@ -141,43 +170,49 @@ void Server::install_routes() {
                {"data", ojson::array({{{"id", options_.completion.model_name}, {"object", "model"},
                                        {"created", static_cast<int64_t>(std::time(nullptr))}, {"owned_by", "petrel"}}})}});
   });
-  http.Post("/v1/chat/completions", [this, authorized](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    auto parsed = parse_chat_request(req.body, options_.completion.limits);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-    if (waiting_.load() > options_.max_waiting) {
-      res.set_header("Retry-After", "1");
-      return send_error(res, simple_error(503, "server_error", "the server is busy (" + std::to_string(waiting_.load()) +
-                                                                   " requests waiting); retry later"));
-    }
-    auto request = std::make_shared<ChatRequest>(std::move(std::get<ChatRequest>(parsed)));
-    if (!request->stream) {
-      WaitingSlot slot(waiting_);
-      std::lock_guard<std::mutex> lock(model_mutex_);
-      auto result = run_chat_completion(*generator_, *request, options_.completion, nullptr);
-      if (auto* e = std::get_if<ApiError>(&result)) return send_error(res, *e);
-      return send_json(res, 200, std::get<ojson>(result));
-    }
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [this, request](size_t, httplib::DataSink& sink) {
-      WaitingSlot slot(waiting_);
-      std::lock_guard<std::mutex> lock(model_mutex_);
-      auto emit = [&sink](const std::string& event) { return sink.is_writable() && sink.write(event.data(), event.size()); };
-      // The provider runs outside httplib's exception handler: nothing may escape it.
-      try {
-        auto result = run_chat_completion(*generator_, *request, options_.completion, emit);
-        if (auto* e = std::get_if<ApiError>(&result)) {
-          emit("data: " + e->to_json().dump() + "\n\n");
+  // Both completion endpoints: checked, then run under the model's lock; streamed from a content provider.
+  auto completion_route = [this, authorized](auto parse, auto run) {
+    return [this, authorized, parse, run](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      auto parsed = parse(req.body, options_.completion.limits);
+      if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+      if (waiting_.load() > options_.max_waiting) {
+        res.set_header("Retry-After", "1");
+        return send_error(res, simple_error(503, "server_error", "the server is busy (" + std::to_string(waiting_.load()) +
+                                                                     " requests waiting); retry later"));
+      }
+      using Request = std::decay_t<decltype(std::get<0>(parsed))>;
+      auto request = std::make_shared<Request>(std::move(std::get<0>(parsed)));
+      if (!request->stream) {
+        WaitingSlot slot(waiting_);
+        std::lock_guard<std::mutex> lock(model_mutex_);
+        auto result = run(*generator_, *request, options_.completion, nullptr);
+        if (auto* e = std::get_if<ApiError>(&result)) return send_error(res, *e);
+        return send_json(res, 200, std::get<ojson>(result));
+      }
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider("text/event-stream", [this, request, run](size_t, httplib::DataSink& sink) {
+        WaitingSlot slot(waiting_);
+        std::lock_guard<std::mutex> lock(model_mutex_);
+        auto emit = [&sink](const std::string& event) { return sink.is_writable() && sink.write(event.data(), event.size()); };
+        // The provider runs outside httplib's exception handler: nothing may escape it.
+        try {
+          auto result = run(*generator_, *request, options_.completion, emit);
+          if (auto* e = std::get_if<ApiError>(&result)) {
+            emit("data: " + e->to_json().dump() + "\n\n");
+            emit("data: [DONE]\n\n");
+          }
+        } catch (const std::exception& e) {
+          emit("data: " + simple_error(500, "server_error", std::string("internal error: ") + e.what()).to_json().dump() + "\n\n");
           emit("data: [DONE]\n\n");
         }
-      } catch (const std::exception& e) {
-        emit("data: " + simple_error(500, "server_error", std::string("internal error: ") + e.what()).to_json().dump() + "\n\n");
-        emit("data: [DONE]\n\n");
-      }
-      sink.done();
-      return true;
-    });
-  });
+        sink.done();
+        return true;
+      });
+    };
+  };
+  http.Post("/v1/chat/completions", completion_route(parse_chat_request, run_chat_completion));
+  http.Post("/v1/completions", completion_route(parse_text_completion_request, run_text_completion));
 }
 
 Status Server::bind() {

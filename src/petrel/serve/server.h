@@ -3,6 +3,7 @@
 //   GET  /health               {"status": "ok"}
 //   GET  /v1/models            the one model, under ServerOptions::completion.model_name
 //   POST /v1/chat/completions  openai_api.h (streaming as server-sent events)
+//   POST /v1/completions       the legacy text API: a raw prompt, no chat template
 //
 // One generation runs at a time (the model and its KV cache are one resource; requests that resend a growing
 // conversation reuse its cached prefix, as `petrel chat` does); up to max_waiting more requests wait for it,
@@ -35,6 +36,8 @@ class EngineGenerator : public ChatGenerator {
   static Result<std::unique_ptr<EngineGenerator>> create(std::shared_ptr<const Engine> engine, int64_t context_length,
                                                          KvType kv_type = KvType::kF16);
   Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) override;
+  // Text: tokenized with BOS (not doubled when the text starts with it), special tokens read as special.
+  Result<ChatOutput> generate_text(const TextTurn& turn, const GenerationEvents& events) override;
   // The tool-call format the model's chat template implies, and whether it writes the tools (tool_calls.h).
   ToolCallFormat detected_tool_format() const;
   bool template_writes_tools() const;
