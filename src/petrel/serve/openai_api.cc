@@ -169,6 +169,23 @@ std::string finish_reason_name(StopReason reason, bool calls, bool timed_out) {
   return "stop";
 }
 
+// A request body: within the size limit, JSON, an object, nested no deeper than the limit.
+std::variant<ojson, ApiError> parse_body(std::string_view body, const ServeLimits& limits) {
+  if (body.size() > limits.max_request_bytes) {
+    ApiError e = bad("", "the request body has " + std::to_string(body.size()) + " bytes, more than the limit " +
+                             std::to_string(limits.max_request_bytes));
+    e.http_status = 413;
+    return e;
+  }
+  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(j));
+  if (!json_depth_within(j, limits.max_json_depth)) {
+    return bad("", "the request nests arrays/objects deeper than " + std::to_string(limits.max_json_depth));
+  }
+  return j;
+}
+
 // The fields both endpoints share (SamplingRequest); an error names the key.
 std::optional<ApiError> parse_sampling(const ojson& j, const ServeLimits& limits, SamplingRequest& r) {
   if (j.contains("model") && j["model"].is_string()) r.model = j["model"].get<std::string>();
@@ -266,18 +283,9 @@ ApiError api_error_from_status(const Status& status) {
 }
 
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ServeLimits& limits) {
-  if (body.size() > limits.max_request_bytes) {
-    ApiError e = bad("", "the request body has " + std::to_string(body.size()) + " bytes, more than the limit " +
-                             std::to_string(limits.max_request_bytes));
-    e.http_status = 413;
-    return e;
-  }
-  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
-  if (!j.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(j));
-  if (!json_depth_within(j, limits.max_json_depth)) {
-    return bad("", "the request nests arrays/objects deeper than " + std::to_string(limits.max_json_depth));
-  }
+  auto body_json = parse_body(body, limits);
+  if (auto* e = std::get_if<ApiError>(&body_json)) return *e;
+  const ojson& j = std::get<ojson>(body_json);
   ChatRequest r;
   auto messages = check_messages(j.contains("messages") ? j["messages"] : ojson(), limits);
   if (auto* e = std::get_if<ApiError>(&messages)) return *e;
@@ -471,18 +479,9 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
 }
 
 std::variant<TextCompletionRequest, ApiError> parse_text_completion_request(std::string_view body, const ServeLimits& limits) {
-  if (body.size() > limits.max_request_bytes) {
-    ApiError e = bad("", "the request body has " + std::to_string(body.size()) + " bytes, more than the limit " +
-                             std::to_string(limits.max_request_bytes));
-    e.http_status = 413;
-    return e;
-  }
-  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
-  if (!j.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(j));
-  if (!json_depth_within(j, limits.max_json_depth)) {
-    return bad("", "the request nests arrays/objects deeper than " + std::to_string(limits.max_json_depth));
-  }
+  auto body_json = parse_body(body, limits);
+  if (auto* e = std::get_if<ApiError>(&body_json)) return *e;
+  const ojson& j = std::get<ojson>(body_json);
   TextCompletionRequest r;
   const ojson prompt = j.contains("prompt") ? j["prompt"] : ojson();
   if (prompt.is_string()) {
