@@ -76,9 +76,14 @@ Status EngineGenerator::configure_tools(std::string_view tool_format, Completion
 Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const GenerationEvents& events) {
   PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt, build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), turn.messages,
                                                                turn.tools, turn.prompt));
+  return run_prompt(prompt, turn.generation, events);
+}
+
+Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const GenerationConfig& generation,
+                                               const GenerationEvents& events) {
   if (events.started) events.started(prompt.starts_in_reasoning);
   auto on_token = [&](int32_t, std::string_view text) { return text.empty() || !events.text || events.text(text); };
-  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, turn.generation, on_token));
+  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, generation, on_token));
   ChatOutput out;
   out.text = std::move(result.text);
   out.reason = result.reason;
@@ -105,15 +110,7 @@ Result<ChatOutput> EngineGenerator::generate_text(const TextTurn& turn, const Ge
     if (bos && prompt.tokens.size() >= 2 && prompt.tokens[0] == *bos && prompt.tokens[1] == *bos) prompt.tokens.erase(prompt.tokens.begin());
   }
   if (prompt.tokens.empty()) return invalid_argument("prompt: no tokens");
-  if (events.started) events.started(false);
-  auto on_token = [&](int32_t, std::string_view text) { return text.empty() || !events.text || events.text(text); };
-  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, turn.generation, on_token));
-  ChatOutput out;
-  out.text = std::move(result.text);
-  out.reason = result.reason;
-  out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
-  out.completion_tokens = result.stats.generated_tokens;
-  return out;
+  return run_prompt(prompt, turn.generation, events);
 }
 
 Server::Server(std::shared_ptr<ChatGenerator> generator, ServerOptions options)

@@ -46,6 +46,9 @@ class EngineGenerator : public ChatGenerator {
   Status configure_tools(std::string_view tool_format, CompletionOptions& options) const;
 
  private:
+  // The prompt through the session (its cached prefix reused), the events reported.
+  Result<ChatOutput> run_prompt(const ChatPrompt& prompt, const GenerationConfig& generation, const GenerationEvents& events);
+
   std::shared_ptr<const Engine> engine_;
   std::unique_ptr<Session> session_;
 };
