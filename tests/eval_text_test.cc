@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "petrel/kernels/cuda/device.h"
 #include "test_util.h"
 
 namespace petrel {
@@ -47,6 +48,27 @@ TEST(EvalText, KlOfAModelAgainstItselfIsZeroAndBadFlagsAreRefused) {
   const auto missing = run_command(cli() + " eval ppl --model " + tiny + " --text /nonexistent.txt");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("/nonexistent.txt"), std::string::npos) << missing.output;
+}
+
+// The same protocol on the GPU (skipped without one): the float model's perplexity through the CUDA prompt
+// processor and token generator agrees with the CPU's to fp16 rounding.
+TEST(EvalText, PerplexityOnTheGpuAgreesWithTheCpu) {
+  auto devices = cuda::list_devices();
+  if (!devices.ok() || devices->empty()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::string tiny = (data_dir() / "models/tiny-llama31").string();
+  auto ppl = [&](const std::string& extra) {
+    const auto r = run_command(cli() + " eval ppl -q --max-windows 20 --model " + tiny + " " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.output, m, std::regex(R"(PPL = ([0-9.]+))"))) << r.output;
+    return m.size() > 1 ? std::stod(m[1]) : 0.0;
+  };
+  const double cpu = ppl("--backend cpu --kv-type f32");
+  EXPECT_NEAR(ppl("--backend cuda"), cpu, cpu * 2e-3);
+  EXPECT_NEAR(ppl("--backend cuda --path token"), cpu, cpu * 2e-3);
+  const auto kld = run_command(cli() + " eval kld -q --max-windows 5 --backend cuda --model " + tiny + " --reference " + tiny);
+  ASSERT_EQ(kld.exit_code, 0) << kld.output;
+  EXPECT_NE(kld.output.find("top-1 100.00%"), std::string::npos) << kld.output;
 }
 
 }  // namespace

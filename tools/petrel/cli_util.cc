@@ -46,6 +46,11 @@ Result<std::shared_ptr<Engine>> load_engine(const std::string& model, const std:
 Result<HeldOutTokens> held_out_tokens(const std::string& model_dir, const std::string& text_path, double tail,
                                       std::optional<int32_t> config_bos) {
   PETREL_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(model_dir));
+  return held_out_tokens(tokenizer, text_path, tail, config_bos);
+}
+
+Result<HeldOutTokens> held_out_tokens(const Tokenizer& tokenizer, const std::string& text_path, double tail,
+                                      std::optional<int32_t> config_bos) {
   const bool default_text = text_path.empty();
   const std::string path = default_text ? PETREL_DEFAULT_CORPUS : text_path;
   auto text = default_text ? quant::read_text_fraction(path, 1.0 - tail, /*head=*/false) : read_text_file(path);
@@ -53,7 +58,7 @@ Result<HeldOutTokens> held_out_tokens(const std::string& model_dir, const std::s
   auto ids = tokenizer.encode(*text, EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
   if (!ids.ok()) return ids.status().with_context(path);
   const std::optional<int32_t> bos = tokenizer.bos_id() ? tokenizer.bos_id() : config_bos;
-  if (!bos) return invalid_data(model_dir + ": the tokenizer and config.json name no BOS token");
+  if (!bos) return invalid_data("the tokenizer and config.json name no BOS token");
   HeldOutTokens out;
   out.bos = *bos;
   out.tokens.push_back(*bos);

@@ -31,5 +31,7 @@ struct HeldOutTokens {
 };
 Result<HeldOutTokens> held_out_tokens(const std::string& model_dir, const std::string& text_path, double tail,
                                       std::optional<int32_t> config_bos);
+Result<HeldOutTokens> held_out_tokens(const Tokenizer& tokenizer, const std::string& text_path, double tail,
+                                      std::optional<int32_t> config_bos);
 
 }  // namespace petrel::cli

@@ -175,7 +175,7 @@ int run_eval_bfcl(const EvalBfclFlags& f) {
 }
 
 struct EvalTextFlags {
-  std::string model, reference, text, path = "prompt", kv_type = "f16", out;
+  std::string model, reference, text, path = "prompt", kv_type = "f16", out, backend = "auto";
   double text_tail = 0.1;
   eval::PerplexityOptions options;
   int threads = 0;
@@ -185,30 +185,43 @@ struct EvalTextFlags {
 // eval ppl (reference empty) or eval kld.
 int run_eval_text(const EvalTextFlags& f, bool kld) {
   const char* cmd = kld ? "eval kld" : "eval ppl";
-  ThreadPool::set_global_threads(f.threads);
   eval::PerplexityOptions options = f.options;
   if (f.path != "prompt" && f.path != "token") return report_error(cmd, invalid_argument("--path must be prompt or token, got " + f.path));
   options.token_generator = f.path == "token";
   options.kv_type = kv_type_of(f.kv_type);
-  auto model = LlamaModel::load(f.model);
+  // A model on its backend: the CPU's reference kernels and SIMD kernels, or the GPU's (a KV cache of one window).
+  auto load = [&](const std::string& path, KvType kv_type) -> Result<std::pair<std::shared_ptr<Engine>, eval::WindowLogits>> {
+    PETREL_ASSIGN_OR_RETURN(std::shared_ptr<Engine> engine, load_engine(path, f.backend, options.window, false, f.threads));
+    eval::WindowLogits logits = engine->backend() == Backend::kCuda
+                                    ? eval::cuda_window_logits(*engine->cuda_model())
+                                    : eval::cpu_window_logits(engine->model(), options.chunk_size, kv_type);
+    return std::make_pair(std::move(engine), std::move(logits));
+  };
+  auto model = load(f.model, options.kv_type);
   if (!model.ok()) return report_error(cmd, model.status());
-  std::unique_ptr<LlamaModel> reference;
+  std::optional<std::pair<std::shared_ptr<Engine>, eval::WindowLogits>> reference;
   if (kld) {
-    auto loaded = LlamaModel::load(f.reference);
+    auto loaded = load(f.reference, KvType::kF32);
     if (!loaded.ok()) return report_error(cmd, loaded.status());
     reference = std::move(*loaded);
+    if (reference->first->model().config().vocab_size != model->first->model().config().vocab_size) {
+      return report_error(cmd, invalid_argument("the model's vocabulary differs from the reference's"));
+    }
   }
-  const std::string& tokenizer_dir = kld ? f.reference : f.model;
-  auto held_out = held_out_tokens(tokenizer_dir, f.text, f.text_tail, (*model)->config().bos_token_id);
+  const LlamaConfig& config = model->first->model().config();
+  const Engine& text_source = kld ? *reference->first : *model->first;  // the reference's tokenizer, as validate
+  if (!text_source.tokenizer()) return report_error(cmd, invalid_argument((kld ? f.reference : f.model) + ": no tokenizer.json"));
+  auto held_out = held_out_tokens(*text_source.tokenizer(), f.text, f.text_tail, config.bos_token_id);
   if (!held_out.ok()) return report_error(cmd, held_out.status());
   ProgressBar bar(kld ? "kld" : "ppl", 1, !f.quiet);
   auto on_progress = [&](int64_t done, int64_t total) {
     bar.update(static_cast<double>(done) / total, "window " + std::to_string(done) + "/" + std::to_string(total));
   };
   ojson report = {{"model", f.model}, {"text", held_out->description}, {"window", options.window},
-                  {"path", options.token_generator ? "token generator" : "prompt processor"}, {"kv_type", f.kv_type}};
+                  {"path", options.token_generator ? "token generator" : "prompt processor"}, {"kv_type", f.kv_type},
+                  {"backend", backend_name(model->first->backend())}};
   if (!kld) {
-    auto r = eval::perplexity(**model, held_out->tokens, held_out->bos, options, on_progress);
+    auto r = eval::perplexity(model->second, config, held_out->tokens, held_out->bos, options, on_progress);
     if (!r.ok()) return report_error(cmd, r.status());
     bar.finish();
     std::printf("eval ppl: %lld windows of %lld tokens, %lld scored positions: PPL = %.4f +/- %.4f\n",
@@ -217,7 +230,7 @@ int run_eval_text(const EvalTextFlags& f, bool kld) {
     const ojson numbers = r->to_json();
     for (auto it = numbers.begin(); it != numbers.end(); ++it) report[it.key()] = it.value();
   } else {
-    auto r = eval::compare_models(**model, *reference, held_out->tokens, held_out->bos, options, on_progress);
+    auto r = eval::compare_models(model->second, reference->second, config, held_out->tokens, held_out->bos, options, on_progress);
     if (!r.ok()) return report_error(cmd, r.status());
     bar.finish();
     std::printf("eval kld: %lld scored positions: KL mean %.6f  p99 %.5f  max %.4f   top-1 %.2f%%   ppl %.4f (reference %.4f)\n",
@@ -241,6 +254,7 @@ void add_text_options(CLI::App* cmd, EvalTextFlags& f) {
   cmd->add_option("--path", f.path, "prompt (the prompt processor, chunks) or token (the token generator, one at a time)")
       ->capture_default_str();
   add_kv_type_option(cmd, f.kv_type);
+  add_backend_option(cmd, f.backend);
   cmd->add_option("-o,--out", f.out, "Write a JSON report here");
   cmd->add_flag("-q,--quiet", f.quiet, "No progress bar");
   cmd->add_option("-t,--threads", f.threads, "Worker threads; 0 = all cores")->capture_default_str();
@@ -254,16 +268,16 @@ void add_eval_command(CLI::App& app, CliContext& ctx) {
   {
     auto f = std::make_shared<EvalTextFlags>();
     CLI::App* ppl = eval->add_subcommand(
-        "ppl", "Perplexity with llama-perplexity's protocol (windows with BOS first, second half scored), on the CPU");
-    ppl->add_option("--model", f->model, "Checkpoint directory (float or quantized)")->required();
+        "ppl", "Perplexity with llama-perplexity's protocol (windows with BOS first, second half scored)");
+    ppl->add_option("--model", f->model, "Checkpoint directory (float or quantized) or bundle")->required();
     add_text_options(ppl, *f);
     ppl->callback([f, &ctx] { ctx.exit_code = run_eval_text(*f, false); });
   }
   {
     auto f = std::make_shared<EvalTextFlags>();
     CLI::App* kld = eval->add_subcommand(
-        "kld", "KL divergence, top-1 agreement and perplexities of a model against a reference, same protocol, on the CPU");
-    kld->add_option("--model", f->model, "Checkpoint directory (e.g. the quantized one)")->required();
+        "kld", "KL divergence, top-1 agreement and perplexities of a model against a reference, same protocol");
+    kld->add_option("--model", f->model, "Checkpoint directory or bundle (e.g. the quantized one)")->required();
     kld->add_option("--reference", f->reference, "Reference checkpoint (e.g. the float one; its tokenizer is used)")->required();
     add_text_options(kld, *f);
     kld->callback([f, &ctx] { ctx.exit_code = run_eval_text(*f, true); });

@@ -113,8 +113,8 @@ Result<ValidateReport> validate_paths(const LlamaModel& quantized, const LlamaMo
 namespace {
 
 // The number of windows a text gives (checked), as validate_paths counts them.
-Result<int64_t> count_windows(const LlamaModel& model, size_t tokens, int64_t window, int64_t max_windows) {
-  if (window < 4 || window > model.config().max_position_embeddings) {
+Result<int64_t> count_windows(const LlamaConfig& config, size_t tokens, int64_t window, int64_t max_windows) {
+  if (window < 4 || window > config.max_position_embeddings) {
     return invalid_argument("window " + std::to_string(window) + " must be in [4, max_position_embeddings]");
   }
   int64_t n = static_cast<int64_t>(tokens) / window;
@@ -132,11 +132,37 @@ nlohmann::ordered_json PerplexityReport::to_json() const {
           {"perplexity_stderr", perplexity_stderr}};
 }
 
+WindowLogits cpu_window_logits(const LlamaModel& model, int64_t chunk_size, KvType kv_type) {
+  return [&model, chunk_size, kv_type](std::span<const int32_t> window, bool token_generator, std::vector<float>* logits) {
+    return window_logits(model, window, token_generator, chunk_size, kv_type, logits);
+  };
+}
+
+WindowLogits cuda_window_logits(CudaModel& model) {
+  return [&model](std::span<const int32_t> window, bool token_generator, std::vector<float>* logits) -> Status {
+    model.reset();
+    if (!token_generator) return model.forward(window, LogitsMode::kAll, logits);
+    logits->clear();
+    std::vector<float> step;
+    for (int32_t token : window) {
+      PETREL_RETURN_IF_ERROR(model.decode(token, &step));
+      logits->insert(logits->end(), step.begin(), step.end());
+    }
+    return ok_status();
+  };
+}
+
 Result<PerplexityReport> perplexity(const LlamaModel& model, const std::vector<int32_t>& tokens, int32_t bos,
                                     const PerplexityOptions& options, const std::function<void(int64_t, int64_t)>& progress) {
+  return perplexity(cpu_window_logits(model, options.chunk_size, options.kv_type), model.config(), tokens, bos, options, progress);
+}
+
+Result<PerplexityReport> perplexity(const WindowLogits& model, const LlamaConfig& config, const std::vector<int32_t>& tokens,
+                                    int32_t bos, const PerplexityOptions& options,
+                                    const std::function<void(int64_t, int64_t)>& progress) {
   const int64_t w = options.window;
-  PETREL_ASSIGN_OR_RETURN(const int64_t n_windows, count_windows(model, tokens.size(), w, options.max_windows));
-  const int64_t vocab = model.config().vocab_size;
+  PETREL_ASSIGN_OR_RETURN(const int64_t n_windows, count_windows(config, tokens.size(), w, options.max_windows));
+  const int64_t vocab = config.vocab_size;
   double sum = 0, sum_sq = 0;
   int64_t positions = 0;
   std::vector<float> logits;
@@ -144,7 +170,8 @@ Result<PerplexityReport> perplexity(const LlamaModel& model, const std::vector<i
   for (int64_t k = 0; k < n_windows; ++k) {
     std::vector<int32_t> window(tokens.begin() + k * w, tokens.begin() + (k + 1) * w);
     window[0] = bos;
-    PETREL_RETURN_IF_ERROR(window_logits(model, window, options.token_generator, options.chunk_size, options.kv_type, &logits));
+    PETREL_RETURN_IF_ERROR(model(window, options.token_generator, &logits));
+    if (static_cast<int64_t>(logits.size()) != w * vocab) return internal_error("window logits: wrong size");
     for (int64_t i = w / 2; i < w - 1; ++i) {
       log_softmax(std::span<const float>(logits.data() + i * vocab, vocab), log_probs);
       const double nll = -log_probs[window[i + 1]];
@@ -167,20 +194,31 @@ Result<PerplexityReport> perplexity(const LlamaModel& model, const std::vector<i
 Result<FidelitySummary> compare_models(const LlamaModel& model, const LlamaModel& reference, const std::vector<int32_t>& tokens,
                                        int32_t bos, const PerplexityOptions& options,
                                        const std::function<void(int64_t, int64_t)>& progress) {
-  const int64_t vocab = reference.config().vocab_size;
-  if (model.config().vocab_size != vocab) {
+  if (model.config().vocab_size != reference.config().vocab_size) {
     return invalid_argument("the model's vocabulary (" + std::to_string(model.config().vocab_size) +
-                            ") differs from the reference's (" + std::to_string(vocab) + ")");
+                            ") differs from the reference's (" + std::to_string(reference.config().vocab_size) + ")");
   }
+  return compare_models(cpu_window_logits(model, options.chunk_size, options.kv_type),
+                        cpu_window_logits(reference, options.chunk_size, KvType::kF32), reference.config(), tokens, bos,
+                        options, progress);
+}
+
+Result<FidelitySummary> compare_models(const WindowLogits& model, const WindowLogits& reference, const LlamaConfig& config,
+                                       const std::vector<int32_t>& tokens, int32_t bos, const PerplexityOptions& options,
+                                       const std::function<void(int64_t, int64_t)>& progress) {
+  const int64_t vocab = config.vocab_size;
   const int64_t w = options.window;
-  PETREL_ASSIGN_OR_RETURN(const int64_t n_windows, count_windows(reference, tokens.size(), w, options.max_windows));
+  PETREL_ASSIGN_OR_RETURN(const int64_t n_windows, count_windows(config, tokens.size(), w, options.max_windows));
   FidelityAccumulator acc;
   std::vector<float> ref_logits, logits;
   for (int64_t k = 0; k < n_windows; ++k) {
     std::vector<int32_t> window(tokens.begin() + k * w, tokens.begin() + (k + 1) * w);
     window[0] = bos;
-    PETREL_RETURN_IF_ERROR(window_logits(reference, window, false, options.chunk_size, KvType::kF32, &ref_logits));
-    PETREL_RETURN_IF_ERROR(window_logits(model, window, options.token_generator, options.chunk_size, options.kv_type, &logits));
+    PETREL_RETURN_IF_ERROR(reference(window, false, &ref_logits));
+    PETREL_RETURN_IF_ERROR(model(window, options.token_generator, &logits));
+    if (static_cast<int64_t>(logits.size()) != w * vocab || static_cast<int64_t>(ref_logits.size()) != w * vocab) {
+      return internal_error("window logits: wrong size");
+    }
     for (int64_t i = w / 2; i < w - 1; ++i) {
       acc.add(std::span<const float>(ref_logits.data() + i * vocab, vocab), std::span<const float>(logits.data() + i * vocab, vocab),
               window[i + 1]);

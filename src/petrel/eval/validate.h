@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "petrel/eval/fidelity.h"
+#include "petrel/model/cuda_model.h"
 #include "petrel/model/llama.h"
 #include "petrel/util/status.h"
 
@@ -53,6 +54,13 @@ Result<ValidateReport> validate_paths(const LlamaModel& quantized, const LlamaMo
                                       const std::vector<int32_t>& tokens, int32_t bos, const ValidateOptions& options,
                                       const std::function<void(int64_t, int64_t)>& progress = {});
 
+// The logits of every position of one window, on the path asked for, from a fresh sequence: how eval ppl/kld
+// reach a model on any backend. cpu_window_logits: a LlamaModel with a new KV cache of kv_type a window;
+// cuda_window_logits: a CudaModel reset before each window (its prompt processor's chunk is the model's own).
+using WindowLogits = std::function<Status(std::span<const int32_t> window, bool token_generator, std::vector<float>* logits)>;
+WindowLogits cpu_window_logits(const LlamaModel& model, int64_t chunk_size, KvType kv_type);
+WindowLogits cuda_window_logits(CudaModel& model);
+
 // `petrel eval ppl`: one model's perplexity with the same protocol (windows of `window` tokens, BOS first, the
 // second half scored), through the prompt processor or the token generator. ppl_stderr is the standard error of
 // the estimate (exp(mean NLL) times the standard error of the mean NLL), as llama-perplexity prints it.
@@ -71,11 +79,19 @@ struct PerplexityReport {
 Result<PerplexityReport> perplexity(const LlamaModel& model, const std::vector<int32_t>& tokens, int32_t bos,
                                     const PerplexityOptions& options,
                                     const std::function<void(int64_t, int64_t)>& progress = {});
+// The same through any backend: `config` is the model's (vocabulary, positions).
+Result<PerplexityReport> perplexity(const WindowLogits& model, const LlamaConfig& config, const std::vector<int32_t>& tokens,
+                                    int32_t bos, const PerplexityOptions& options,
+                                    const std::function<void(int64_t, int64_t)>& progress = {});
 
 // `petrel eval kld`: a model against a reference on one path (the reference with a float32 KV cache, the model
 // as deployed), same windows: KL divergence (reference || model), top-1 agreement, both perplexities.
 Result<FidelitySummary> compare_models(const LlamaModel& model, const LlamaModel& reference, const std::vector<int32_t>& tokens,
                                        int32_t bos, const PerplexityOptions& options,
+                                       const std::function<void(int64_t, int64_t)>& progress = {});
+// The same through any backends (the reference is asked for the prompt processor's logits).
+Result<FidelitySummary> compare_models(const WindowLogits& model, const WindowLogits& reference, const LlamaConfig& config,
+                                       const std::vector<int32_t>& tokens, int32_t bos, const PerplexityOptions& options,
                                        const std::function<void(int64_t, int64_t)>& progress = {});
 
 }  // namespace petrel::eval
