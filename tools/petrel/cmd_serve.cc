@@ -95,7 +95,7 @@ int run_serve(const ServeFlags& f) {
 void add_serve_command(CLI::App& app, CliContext& ctx) {
   auto f = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "serve", "OpenAI-compatible HTTP server: POST /v1/chat/completions (streaming, tools, reasoning), GET /v1/models");
+      "serve", "OpenAI-compatible HTTP server: POST /v1/chat/completions (streaming, tools, reasoning), POST /v1/completions, GET /v1/models");
   cmd->add_option("model", f->model, "Bundle, BUNDLE/config.json, or checkpoint directory")->required();
   cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0 exposes the server to the network)")->capture_default_str();
   cmd->add_option("--port", f->port, "Port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
