@@ -26,6 +26,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using testing::data_dir;
+using testing::tiny_engine;
 
 // ---- tool-call formats ----
 
@@ -269,7 +270,6 @@ class ScriptedGenerator : public ChatGenerator {
         break;
       }
     }
-    out.starts_in_reasoning = starts_in_reasoning;
     return out;
   }
   ojson last_tools;
@@ -460,15 +460,6 @@ TEST(ChatRequest, MutatedBodiesNeverCrash) {
 }
 
 // ---- the HTTP server, end to end ----
-
-std::shared_ptr<Engine> tiny_engine() {
-  static std::shared_ptr<Engine> engine = [] {
-    auto e = Engine::load(data_dir() / "models/tiny-llama31");
-    EXPECT_TRUE(e.ok()) << e.status().to_string();
-    return e.ok() ? *e : nullptr;
-  }();
-  return engine;
-}
 
 struct RunningServer {
   std::unique_ptr<Server> server;

@@ -14,15 +14,7 @@ namespace petrel {
 namespace {
 
 using testing::data_dir;
-
-std::shared_ptr<Engine> tiny_engine() {
-  static std::shared_ptr<Engine> engine = [] {
-    auto e = Engine::load(data_dir() / "models/tiny-llama31");
-    EXPECT_TRUE(e.ok()) << e.status().to_string();
-    return e.ok() ? *e : nullptr;
-  }();
-  return engine;
-}
+using testing::tiny_engine;
 
 GenerationConfig greedy(int64_t n) {
   GenerationConfig c;

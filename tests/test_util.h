@@ -8,13 +8,28 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <memory>
+
 #include "petrel/model/llama.h"
 #include "petrel/quant/quantize_checkpoint.h"
+#include "petrel/runtime/session.h"
 #include "petrel/util/file.h"
 
 namespace petrel::testing {
 
 inline std::filesystem::path data_dir() { return PETREL_TEST_DATA_DIR; }
+
+// tiny-llama31 loaded once for the whole test binary (CPU backend); null, with a failure recorded, if it cannot be.
+inline std::shared_ptr<Engine> tiny_engine() {
+  static std::shared_ptr<Engine> engine = [] {
+    auto e = Engine::load(data_dir() / "models/tiny-llama31");
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? *e : nullptr;
+  }();
+  return engine;
+}
 inline std::filesystem::path cli_path() { return PETREL_CLI_PATH; }
 // The CLI binary as a command-line prefix.
 inline std::string cli() { return cli_path().string(); }

@@ -416,29 +416,35 @@ AstVerdict check_ast(const ojson& functions, const ojson& output, const ojson& g
   return valid();
 }
 
-ojson bfcl_tool_from_function(const ojson& function) {
-  std::function<ojson(const ojson&)> convert = [&](const ojson& schema) -> ojson {
-    if (!schema.is_object()) return schema;
-    ojson out = ojson::object();
-    for (auto it = schema.begin(); it != schema.end(); ++it) {
-      if (it.key() == "type" && it.value().is_string()) {
-        const std::string t = it.value().get<std::string>();
-        out["type"] = t == "dict" ? "object" : t == "float" ? "number" : t == "tuple" ? "array" : t == "any" ? "string" : t;
-      } else if (it.key() == "properties" && it.value().is_object()) {
-        ojson props = ojson::object();
-        for (auto p = it.value().begin(); p != it.value().end(); ++p) props[p.key()] = convert(p.value());
-        out["properties"] = std::move(props);
-      } else if (it.key() == "items") {
-        out["items"] = convert(it.value());
-      } else {
-        out[it.key()] = it.value();
-      }
+namespace {
+
+// A BFCL parameter schema with JSON Schema's type names, recursively through properties and items.
+ojson json_schema_of(const ojson& schema) {
+  if (!schema.is_object()) return schema;
+  ojson out = ojson::object();
+  for (auto it = schema.begin(); it != schema.end(); ++it) {
+    if (it.key() == "type" && it.value().is_string()) {
+      const std::string t = it.value().get<std::string>();
+      out["type"] = t == "dict" ? "object" : t == "float" ? "number" : t == "tuple" ? "array" : t == "any" ? "string" : t;
+    } else if (it.key() == "properties" && it.value().is_object()) {
+      ojson props = ojson::object();
+      for (auto p = it.value().begin(); p != it.value().end(); ++p) props[p.key()] = json_schema_of(p.value());
+      out["properties"] = std::move(props);
+    } else if (it.key() == "items") {
+      out["items"] = json_schema_of(it.value());
+    } else {
+      out[it.key()] = it.value();
     }
-    return out;
-  };
+  }
+  return out;
+}
+
+}  // namespace
+
+ojson bfcl_tool_from_function(const ojson& function) {
   ojson f = function;
   f["name"] = underscored(function.value("name", ""));
-  if (function.contains("parameters")) f["parameters"] = convert(function["parameters"]);
+  if (function.contains("parameters")) f["parameters"] = json_schema_of(function["parameters"]);
   return {{"type", "function"}, {"function", std::move(f)}};
 }
 
@@ -508,22 +514,6 @@ Result<std::vector<BfclEntry>> load_bfcl_category(const std::filesystem::path& d
 
 namespace {
 
-BfclAnswer answer_from_response(const ojson& response);
-
-}  // namespace
-
-BfclAnswer bfcl_answer_from_response(const ojson& response) {
-  try {
-    return answer_from_response(response);
-  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type in someone else's answer
-    BfclAnswer a;
-    a.error = std::string("malformed response: ") + e.what();
-    return a;
-  }
-}
-
-namespace {
-
 BfclAnswer answer_from_response(const ojson& response) {
   BfclAnswer a;
   if (!response.is_object()) {
@@ -557,6 +547,16 @@ BfclAnswer answer_from_response(const ojson& response) {
 }
 
 }  // namespace
+
+BfclAnswer bfcl_answer_from_response(const ojson& response) {
+  try {
+    return answer_from_response(response);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type in someone else's answer
+    BfclAnswer a;
+    a.error = std::string("malformed response: ") + e.what();
+    return a;
+  }
+}
 
 BfclEntryResult score_bfcl_answer(const BfclEntry& entry, const std::string& category, const BfclAnswer& answer) {
   BfclEntryResult r;

@@ -110,7 +110,6 @@ struct ChatOutput {
   StopReason reason = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;      // the whole prompt
   int64_t completion_tokens = 0;  // generated, stop token included
-  bool starts_in_reasoning = false;
 };
 
 // What a generator reports while it runs: started() once the prompt is built, before any text (whether the

@@ -89,20 +89,13 @@ Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const G
   out.reason = result.reason;
   out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
   out.completion_tokens = result.stats.generated_tokens;
-  out.starts_in_reasoning = prompt.starts_in_reasoning;
   return out;
 }
 
 Result<ChatOutput> EngineGenerator::generate_text(const TextTurn& turn, const GenerationEvents& events) {
   ChatPrompt prompt;
-  const int32_t vocab = static_cast<int32_t>(engine_->model().config().vocab_size);
   if (turn.tokens_given) {
-    for (int32_t id : turn.tokens) {
-      if (id < 0 || id >= vocab) {
-        return invalid_argument("prompt: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-      }
-    }
-    prompt.tokens = turn.tokens;
+    prompt.tokens = turn.tokens;  // the model checks every id against its vocabulary before it runs anything
   } else {
     PETREL_ASSIGN_OR_RETURN(prompt.tokens, engine_->tokenizer()->encode(turn.prompt, EncodeOptions{.add_special = true, .parse_special = true,
                                                                                                  .untrusted_ranges = {}}));
