@@ -110,6 +110,21 @@ def main():
             model="x", prompt="The history of", max_tokens=12, temperature=0, stream=True) if c.choices)
         check(streamed_text == text.choices[0].text, "completions: streamed text joins to the same answer")
 
+        # Log-probabilities as the client types them: chat's logprobs.content, completions' legacy lists with echo.
+        scored = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0,
+                                                logprobs=True, top_logprobs=2)
+        entries = scored.choices[0].logprobs.content
+        check(len(entries) == scored.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in entries)
+              and all(e.logprob <= 0 and e.logprob == e.top_logprobs[0].logprob for e in entries),
+              "chat logprobs: one entry a token, greedy picks the most likely")
+        echoed = client.completions.create(model="x", prompt="The history of", max_tokens=1, temperature=0,
+                                           echo=True, logprobs=1)
+        lp = echoed.choices[0].logprobs
+        check(lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+              and len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+              and echoed.choices[0].text.startswith("The history of"),
+              "completions: echo with logprobs scores every prompt token after the first")
+
         after = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
         check(after.choices[0].message.content == choice.message.content, "still serving, same greedy answer")
     finally:

@@ -1,4 +1,5 @@
 #include "petrel/runtime/sampler.h"
+#include "petrel/runtime/generate.h"
 
 #include <gtest/gtest.h>
 
@@ -217,6 +218,28 @@ TEST(Sampler, NegativeLogitsGetMoreNegativeUnderRepetitionPenalty) {
   c.repetition_penalty = 1.2f;  // -1.0 * 1.2 = -1.2 < -1.05
   std::vector<int32_t> history = {0};
   EXPECT_EQ(Sampler(c).sample(logits, history), 1);
+}
+
+}  // namespace
+}  // namespace petrel
+
+namespace petrel {
+namespace {
+
+TEST(TokenLogprobs, LogSoftmaxWithTheMostLikelyFirstAndTiesByLowerId) {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 3.0f, -INFINITY};
+  const double log_z = std::log(std::exp(1.0) + std::exp(2.0) + 2 * std::exp(3.0));
+  const TokenLogprobs lp = token_logprobs(logits, 1, 3);
+  EXPECT_EQ(lp.token, 1);
+  EXPECT_NEAR(lp.logprob, 2.0 - log_z, 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 2);
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 1);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - log_z, 1e-6);
+  EXPECT_TRUE(token_logprobs(logits, 4, 0).top.empty());
+  EXPECT_EQ(token_logprobs(logits, 4, 0).logprob, -INFINITY);  // the API writes it as -9999
+  EXPECT_EQ(token_logprobs(logits, 0, 99).top.size(), logits.size());
 }
 
 }  // namespace

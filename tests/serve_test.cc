@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <thread>
 
+#include "petrel/io/npy.h"
 #include "petrel/runtime/sampler.h"
 #include "petrel/runtime/session.h"
 #include "petrel/serve/json_text.h"
@@ -223,7 +224,9 @@ TEST(ChatRequest, RefusesBadInputNamingTheKey) {
       {"{" + user + R"(, "max_tokens": 1.5})", "max_tokens"},
       {"{" + user + R"(, "stop": [""]})", "stop"},
       {"{" + user + R"(, "n": 3})", "n"},
-      {"{" + user + R"(, "logprobs": true})", "logprobs"},
+      {"{" + user + R"(, "logprobs": "yes"})", "logprobs"},
+      {"{" + user + R"(, "top_logprobs": 2})", "top_logprobs"},
+      {"{" + user + R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs"},
       {"{" + user + R"(, "stream": "yes"})", "stream"},
       {"{" + user + R"(, "tools": [{"type": "function", "function": {"name": ""}}]})", "tools[0].function.name"},
       {"{" + user + R"(, "tool_choice": "required"})", "tool_choice"},
@@ -599,7 +602,8 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   EXPECT_EQ(joined, expected->text);
   const std::pair<const char*, const char*> bad_requests[] = {
       {R"({"prompt": ["a", "b"]})", "prompt"}, {R"({"prompt": ""})", "prompt"}, {R"({"prompt": [-1]})", "prompt"},
-      {R"({"prompt": [99999999]})", "prompt"}, {R"({"prompt": "x", "logprobs": 3})", "logprobs"},
+      {R"({"prompt": [99999999]})", "prompt"}, {R"({"prompt": "x", "logprobs": 21})", "logprobs"},
+      {R"({"prompt": "x", "logprobs": 1, "echo": true, "stream": true})", "logprobs"},
       {R"({"prompt": "x", "suffix": "y"})", "suffix"}, {R"({"prompt": "x", "best_of": 2})", "best_of"}};
   for (const auto& [bad, param] : bad_requests) {
     auto res = client.Post("/v1/completions", bad, "application/json");
@@ -607,6 +611,98 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
     EXPECT_EQ(res->status, 400) << bad << " " << res->body;
     EXPECT_EQ(ojson::parse(res->body)["error"]["param"], param) << res->body;
   }
+}
+
+// Log-probabilities against Hugging Face transformers: the echoed prompt's token_logprobs are the log-softmax of
+// transformers' logits for the parity tokens (tests/data/parity, made by make_parity_fixtures.py), the way a
+// scoring harness (lm-evaluation-harness) asks for a text's likelihood; chat logprobs stream as they come and
+// equal the whole answer's.
+TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
+  auto engine = tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  auto generator = EngineGenerator::create(engine, 512);
+  ASSERT_TRUE(generator.ok());
+  RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
+  auto client = running.client();
+
+  std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
+  tokens.resize(40);
+  auto reference = read_npy(data_dir() / "parity/tiny-llama31.logits.npy");
+  ASSERT_TRUE(reference.ok());
+  const int64_t vocab = reference->shape[1];
+  auto reference_logprob = [&](size_t position, int32_t token) {  // log-softmax of transformers' row, in double
+    const float* row = reference->f32() + position * vocab;
+    double max = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) max = std::max(max, double(row[i]));
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - max);
+    return double(row[token]) - max - std::log(sum);
+  };
+  const ojson body = {{"prompt", tokens}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 3}, {"temperature", 0}};
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const ojson choice = ojson::parse(res->body)["choices"][0];
+  const ojson& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), tokens.size() + 1);
+  ASSERT_EQ(lp["token_logprobs"].size(), tokens.size() + 1);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  double worst = 0;
+  std::string text;
+  for (size_t i = 0; i <= tokens.size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), text.size());
+    text += lp["tokens"][i].get<std::string>();
+    if (i == 0) continue;
+    const int32_t token = i < tokens.size() ? tokens[i] : -1;
+    const double got = lp["token_logprobs"][i].get<double>();
+    if (token >= 0) worst = std::max(worst, std::abs(got - reference_logprob(i - 1, token)));
+    // The alternatives: at most 3 plus the chosen token, the largest being the reference's top-1.
+    const ojson& top = lp["top_logprobs"][i];
+    ASSERT_GE(top.size(), 3u);
+    ASSERT_LE(top.size(), 4u);
+    double best = -INFINITY;
+    for (const auto& [key, value] : top.items()) best = std::max(best, value.get<double>());
+    const float* row = reference->f32() + (i - 1) * vocab;
+    const int32_t top1 = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    EXPECT_NEAR(best, reference_logprob(i - 1, top1), 2e-3) << "position " << i;
+    if (token < 0) {
+      EXPECT_EQ(got, best) << "greedy: the generated token is the most likely";
+    }
+  }
+  EXPECT_LT(worst, 2e-3) << "float32 CPU forward with an fp16 KV cache against transformers' float32";
+  EXPECT_EQ(choice["text"], text);  // echo of a token prompt: its decoded text, then the answer
+
+  // Chat: one entry a generated token, bytes that spell the token, streamed entries the same as the whole.
+  const ojson chat = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"max_tokens", 8},
+                      {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  auto whole = client.Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const ojson r = ojson::parse(whole->body);
+  const ojson& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), r["usage"]["completion_tokens"].get<size_t>());
+  for (const ojson& e : content) {
+    std::string bytes;
+    for (const ojson& b : e["bytes"]) bytes += static_cast<char>(b.get<int>());
+    EXPECT_EQ(bytes, e["token"].get<std::string>());
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["logprob"], e["top_logprobs"][0]["logprob"]);  // greedy
+  }
+  ojson stream_body = chat;
+  stream_body["stream"] = true;
+  auto streamed = client.Post("/v1/chat/completions", stream_body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  ojson joined = ojson::array();
+  for (size_t at = 0; (at = streamed->body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = streamed->body.find("\n\n", at);
+    const std::string data = streamed->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    const ojson e = ojson::parse(data);
+    if (e["choices"].empty() || e["choices"][0]["logprobs"].is_null()) continue;
+    for (const ojson& entry : e["choices"][0]["logprobs"]["content"]) joined.push_back(entry);
+  }
+  EXPECT_EQ(joined, content);
 }
 
 // A generator that blocks until released: to hold the model busy.

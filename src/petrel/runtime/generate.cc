@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <numeric>
 
 #include "petrel/model/cuda_model.h"
 
@@ -61,6 +63,26 @@ Result<Continuation> continue_generation(const LlamaModel& model, KvCache& cache
   return continue_generation(forward, history, new_tokens, options, on_token, abort);
 }
 
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top) {
+  double max = -INFINITY;
+  for (float v : logits) max = std::max(max, static_cast<double>(v));
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - max);
+  const double log_z = max + std::log(sum);
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = static_cast<float>(static_cast<double>(logits[static_cast<size_t>(token)]) - log_z);
+  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  if (k > 0) {
+    std::vector<int32_t> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    auto more_likely = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), more_likely);
+    for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], static_cast<float>(static_cast<double>(logits[ids[i]]) - log_z));
+  }
+  return out;
+}
+
 Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32_t>& history,
                                          std::span<const int32_t> new_tokens, const GenerateOptions& options,
                                          const TokenCallback& on_token, const std::atomic<bool>* abort) {
@@ -71,7 +93,8 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
   // When the sampler needs only the k largest logits and the backend can pick them (the GPU), only those reach
   // the host: on an H200 with Llama 3's 128K vocabulary that saves ~0.1 ms a token of copying and scanning.
   const int32_t k = sampler.top_needed(static_cast<int32_t>(forward.config().vocab_size));
-  const bool top_only = k > 0 && k <= forward.max_top_k();
+  const bool top_only = options.logprobs < 0 && k > 0 && k <= forward.max_top_k();
+  const int64_t vocab = forward.config().vocab_size;
   std::vector<float> logits;
   TopLogits top;
   auto pick = [&] {
@@ -79,7 +102,23 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
     return top.all.empty() ? sampler.sample_top(top.values, top.ids) : sampler.sample(top.all, history);
   };
   const auto t0 = clock::now();
-  if (top_only) {
+  if (options.prompt_logprobs >= 0) {
+    // Every position's logits, one chunk at a time (a long prompt's [n, vocab] logits would not fit in memory);
+    // the last row is the first generated token's.
+    const int64_t n = static_cast<int64_t>(new_tokens.size()), chunk = std::max<int64_t>(options.prompt_chunk_size, 1);
+    if (n > forward.remaining()) return out_of_range("Context Size was exceeded: " + std::to_string(forward.position()) +
+                                                     " positions used + " + std::to_string(n) + " new tokens > context length " +
+                                                     std::to_string(forward.context_length()));
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      const int64_t count = std::min(chunk, n - begin);
+      PETREL_RETURN_IF_ERROR(forward.prompt(new_tokens.subspan(begin, count), chunk, LogitsMode::kAll, &logits));
+      for (int64_t i = 0; i < count && begin + i + 1 < n; ++i) {
+        result.prompt_logprobs.push_back(token_logprobs(std::span<const float>(logits).subspan(i * vocab, vocab),
+                                                        new_tokens[begin + i + 1], options.prompt_logprobs));
+      }
+    }
+    logits.erase(logits.begin(), logits.end() - vocab);
+  } else if (top_only) {
     PETREL_RETURN_IF_ERROR(forward.prompt_top(new_tokens, options.prompt_chunk_size, k, &top));
   } else {
     PETREL_RETURN_IF_ERROR(forward.prompt(new_tokens, options.prompt_chunk_size, LogitsMode::kLast, &logits));
@@ -106,6 +145,10 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
     const int32_t token = pick();
     if (step == 0) t_first = clock::now();
     result.tokens.push_back(token);
+    if (options.logprobs >= 0) {
+      result.logprobs.push_back(token_logprobs(logits, token, options.logprobs));
+      if (options.on_logprobs) options.on_logprobs(result.logprobs.back());
+    }
     if (on_token && !on_token(token)) {
       result.reason = StopReason::kCallback;
       break;

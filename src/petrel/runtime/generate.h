@@ -84,12 +84,29 @@ class CudaForward final : public ForwardPass {
   int64_t context_length_;
 };
 
+// A token's log-probability under the model: the log-softmax of the raw logits (before temperature, penalties
+// and top-k/top-p: what vLLM reports by default and what a scoring harness needs), and the most likely tokens.
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first, ids ascending on ties
+};
+// `token`'s log-probability in logits[vocab] and the `top` most likely (0: none). Computed in double.
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top);
+
 struct GenerateOptions {
   int64_t max_new_tokens = 32;
   int64_t prompt_chunk_size = 128;  // the prompt processor's sequence length
   int64_t context_length = 4096;    // generate(): capped at the model's max_position_embeddings
   SamplerConfig sampler;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these (it is reported)
+  // Log-probabilities: -1 off; else each generated token's with this many alternatives (the logits then all come
+  // to the host, also on the GPU). on_logprobs, when set, sees each one before the token's TokenCallback.
+  int logprobs = -1;
+  std::function<void(const TokenLogprobs&)> on_logprobs;
+  // The same for the new prompt tokens: each one's given those before it, from the second on (the first has no
+  // logits before it in this call). The prompt then runs with every position's logits, chunk by chunk.
+  int prompt_logprobs = -1;
 };
 
 struct GenerateStats {
@@ -109,6 +126,8 @@ struct Continuation {
   std::vector<int32_t> tokens;
   StopReason reason = StopReason::kMaxTokens;
   GenerateStats stats;
+  std::vector<TokenLogprobs> logprobs;         // one a generated token, when options.logprobs >= 0
+  std::vector<TokenLogprobs> prompt_logprobs;  // new_tokens[1..], when options.prompt_logprobs >= 0
 };
 
 // Appends `new_tokens` to the dialog held by `cache` and `history` (the tokens whose keys and values the cache

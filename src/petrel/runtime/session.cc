@@ -176,6 +176,9 @@ Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const
   options.prompt_chunk_size = config.prompt_chunk_size;
   options.sampler = config.sampler;
   options.stop_token_ids = config.stop_token_ids.value_or(engine_->model().config().eos_token_ids);
+  options.logprobs = config.logprobs;
+  options.on_logprobs = config.on_logprobs;
+  options.prompt_logprobs = config.prompt_logprobs;
 
   // Text: decoded as it streams, held back while it may still become a stop string.
   QueryResult result;
@@ -202,6 +205,8 @@ Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const
                           continue_generation(*forward_, history_, tokens, options, on_generated, &abort_));
   PETREL_RETURN_IF_ERROR(decode_status);
   result.tokens = std::move(generated.tokens);
+  result.logprobs = std::move(generated.logprobs);
+  result.prompt_logprobs = std::move(generated.prompt_logprobs);
   result.reason = stop_string_seen ? StopReason::kStopString : generated.reason;
   if (decoder && !stop_string_seen) {
     bool stopped = false;
@@ -237,6 +242,7 @@ Result<QueryResult> Session::query_prompt(const ChatPrompt& prompt, const Genera
   size_t common = 0;
   while (common < history_.size() && common < prompt.tokens.size() && history_[common] == prompt.tokens[common]) ++common;
   if (common == prompt.tokens.size()) --common;
+  if (config.prompt_logprobs >= 0) common = 0;  // every prompt position's logits are wanted
   if (static_cast<int64_t>(prompt.tokens.size() - common) > forward_->context_length() - static_cast<int64_t>(common)) {
     return out_of_range("Context Size was exceeded: the conversation has " + std::to_string(prompt.tokens.size()) +
                         " tokens and the context holds " + std::to_string(forward_->context_length()));

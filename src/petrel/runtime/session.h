@@ -45,6 +45,12 @@ struct GenerationConfig {
   std::optional<std::vector<int32_t>> stop_token_ids;  // unset: the model's EOS ids
   std::vector<std::string> stop_strings;               // generation ends when the text contains one (not emitted)
   int64_t prompt_chunk_size = 128;
+  // Log-probabilities (GenerateOptions): -1 off, else with this many alternatives. on_logprobs sees each
+  // generated token's before the StreamCallback of that token. Prompt log-probabilities make query_prompt
+  // process the whole prompt again (the cached prefix has no logits to give).
+  int logprobs = -1;
+  std::function<void(const TokenLogprobs&)> on_logprobs;
+  int prompt_logprobs = -1;
 };
 
 // Timings of one query; rates follow Genie's definitions (see profile.h).
@@ -64,6 +70,8 @@ struct QueryResult {
   StopReason reason = StopReason::kMaxTokens;
   QueryStats stats;
   bool starts_in_reasoning = false;  // query(): the prompt ended inside an opened <think> block
+  std::vector<TokenLogprobs> logprobs;         // one a generated token (config.logprobs >= 0)
+  std::vector<TokenLogprobs> prompt_logprobs;  // the processed prompt tokens after the first (config.prompt_logprobs >= 0)
 };
 
 // Streaming callback: each token and the text it completes (possibly empty); return false to stop.

@@ -9,6 +9,7 @@
 
 #include "petrel/serve/json_text.h"
 #include "petrel/text/reasoning.h"
+#include "petrel/text/utf8.h"
 
 namespace petrel::serve {
 
@@ -252,7 +253,59 @@ GenerationConfig generation_config(const SamplingRequest& request, const Complet
   s.top_p_after_temperature = true;
   g.max_new_tokens = std::min(request.max_tokens.value_or(options.defaults.max_tokens), options.limits.max_tokens);
   g.stop_strings = request.stop;
+  g.logprobs = request.logprobs;
   return g;
+}
+
+// A log-probability for JSON: finite (OpenAI writes -9999.0 for "never"; JSON has no -infinity).
+double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
+
+// The chat API's logprobs.content entries: token text (malformed UTF-8 replaced), logprob, the token's bytes,
+// and the alternatives in the same form.
+ojson chat_logprobs(const std::vector<LogprobEntry>& entries) {
+  auto bytes_of = [](const std::string& token) {
+    ojson b = ojson::array();
+    for (unsigned char c : token) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  ojson content = ojson::array();
+  for (const LogprobEntry& e : entries) {
+    ojson top = ojson::array();
+    for (const auto& [token, value] : e.top) {
+      top.push_back({{"token", utf8::sanitize(token)}, {"logprob", finite_logprob(value)}, {"bytes", bytes_of(token)}});
+    }
+    content.push_back({{"token", utf8::sanitize(e.token)}, {"logprob", finite_logprob(e.logprob.value_or(0.0f))},
+                       {"bytes", bytes_of(e.token)}, {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// The legacy completions layout: parallel lists; top_logprobs a {token: logprob} map holding the alternatives and
+// the chosen token (null where the token has no log-probability: a prompt's first); text_offset in bytes of the
+// returned text, from `offset`.
+ojson legacy_logprobs(const std::vector<LogprobEntry>& entries, size_t offset) {
+  ojson tokens = ojson::array(), values = ojson::array(), tops = ojson::array(), offsets = ojson::array();
+  for (const LogprobEntry& e : entries) {
+    const std::string token = utf8::sanitize(e.token);
+    tokens.push_back(token);
+    offsets.push_back(offset);
+    offset += e.token.size();
+    if (!e.logprob) {
+      values.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    values.push_back(finite_logprob(*e.logprob));
+    ojson top = ojson::object();
+    for (const auto& [alt, value] : e.top) {
+      const std::string key = utf8::sanitize(alt);
+      if (!top.contains(key)) top[key] = finite_logprob(value);
+    }
+    if (!top.contains(token)) top[token] = finite_logprob(*e.logprob);
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(values)}, {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
 }
 
 }  // namespace
@@ -315,9 +368,12 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   }
 
   if (auto e = parse_sampling(j, limits, r)) return *e;
-  bool flag = false;
-  if (auto e = get_bool(j, "logprobs", flag)) return *e;
-  if (flag) return bad("logprobs", "log probabilities are not supported");
+  bool logprobs = false;
+  if (auto e = get_bool(j, "logprobs", logprobs)) return *e;
+  std::optional<int64_t> top_logprobs;
+  if (auto e = get_integer(j, "top_logprobs", 0, 20, top_logprobs)) return *e;
+  if (top_logprobs && !logprobs) return bad("top_logprobs", "needs \"logprobs\": true");
+  if (logprobs) r.logprobs = static_cast<int>(top_logprobs.value_or(0));
   if (j.contains("response_format") && j["response_format"].is_object() && j["response_format"].value("type", "text") != "text") {
     return bad("response_format", "only {\"type\": \"text\"} is supported");
   }
@@ -379,9 +435,15 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
 
   const std::string id = "chatcmpl-" + random_hex(24);
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  std::vector<LogprobEntry> pending_logprobs;  // streaming: generated since the last chunk, sent with the next
   auto chunk = [&](ojson delta, ojson finish) {
+    ojson logprobs;
+    if (!pending_logprobs.empty()) {
+      logprobs = chat_logprobs(pending_logprobs);
+      pending_logprobs.clear();
+    }
     ojson c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options.model_name},
-               {"choices", ojson::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}}})}};
+               {"choices", ojson::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
     return "data: " + c.dump() + "\n\n";
   };
 
@@ -419,6 +481,9 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
     o.starts_in_reasoning = starts_in_reasoning;
     splitter.emplace(o);
   };
+  if (request.stream && request.logprobs >= 0) {
+    events.logprobs = [&](const LogprobEntry& e) { pending_logprobs.push_back(e); };
+  }
   events.text = [&](std::string_view text) {
     if (!splitter) splitter.emplace();
     route(splitter->feed(text));
@@ -472,7 +537,9 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
   if (!reasoning.empty()) message["reasoning_content"] = reasoning;
   if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
   ojson result = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", options.model_name},
-                  {"choices", ojson::array({{{"index", 0}, {"message", std::move(message)}, {"logprobs", nullptr}, {"finish_reason", finish}}})},
+                  {"choices", ojson::array({{{"index", 0}, {"message", std::move(message)},
+                                             {"logprobs", request.logprobs >= 0 ? chat_logprobs(output->logprobs) : ojson()},
+                                             {"finish_reason", finish}}})},
                   {"usage", usage}};
   if (!parsed.error.empty()) result["petrel_tool_call_error"] = parsed.error;
   return result;
@@ -504,7 +571,12 @@ std::variant<TextCompletionRequest, ApiError> parse_text_completion_request(std:
   if (auto e = parse_sampling(j, limits, r)) return *e;
   if (!r.max_tokens) r.max_tokens = std::min<int64_t>(16, limits.max_tokens);  // OpenAI's default for this endpoint
   if (auto e = get_bool(j, "echo", r.echo)) return *e;
-  if (j.contains("logprobs") && !j["logprobs"].is_null()) return bad("logprobs", "log probabilities are not supported");
+  std::optional<int64_t> logprobs;
+  if (auto e = get_integer(j, "logprobs", 0, 20, logprobs)) return *e;
+  if (logprobs) r.logprobs = static_cast<int>(*logprobs);
+  if (logprobs && r.echo && r.stream) {
+    return bad("logprobs", "the prompt's log-probabilities (echo with logprobs) are not streamed; ask without \"stream\"");
+  }
   if (j.contains("suffix") && !j["suffix"].is_null()) return bad("suffix", "suffix (insertion) is not supported");
   std::optional<int64_t> best_of;
   if (auto e = get_integer(j, "best_of", 1, INT64_MAX, best_of)) return *e;
@@ -520,11 +592,20 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
   turn.tokens = request.prompt_tokens;
   turn.tokens_given = request.tokens_given;
   turn.generation = generation_config(request, options);
+  if (request.echo && request.logprobs >= 0) turn.generation.prompt_logprobs = request.logprobs;
   const std::string id = "cmpl-" + random_hex(24);
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  std::vector<LogprobEntry> pending_logprobs;  // streaming: generated since the last chunk, sent with the next
+  size_t text_offset = 0;
   auto chunk = [&](const std::string& text, ojson finish) {
+    ojson logprobs;
+    if (!pending_logprobs.empty()) {
+      logprobs = legacy_logprobs(pending_logprobs, text_offset);
+      for (const LogprobEntry& e : pending_logprobs) text_offset += e.token.size();
+      pending_logprobs.clear();
+    }
     ojson c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
-               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}}})}};
+               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
     return "data: " + c.dump() + "\n\n";
   };
   bool client_gone = false, timed_out = false, sent = false;
@@ -538,6 +619,15 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
   std::string text = request.echo && !request.tokens_given ? request.prompt : "";
   if (!text.empty()) send(chunk(text, nullptr));
   GenerationEvents events;
+  if (request.echo && request.tokens_given) {
+    events.prompt_text = [&](std::string_view prompt) {
+      text = prompt;
+      if (!text.empty()) send(chunk(text, nullptr));
+    };
+  }
+  if (request.stream && request.logprobs >= 0) {
+    events.logprobs = [&](const LogprobEntry& e) { pending_logprobs.push_back(e); };
+  }
   events.text = [&](std::string_view piece) {
     text.append(piece);
     send(chunk(std::string(piece), nullptr));
@@ -566,8 +656,14 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
     send("data: [DONE]\n\n");
     return ojson();
   }
+  ojson logprobs;
+  if (request.logprobs >= 0) {
+    std::vector<LogprobEntry> entries = request.echo ? output->prompt_logprobs : std::vector<LogprobEntry>{};
+    entries.insert(entries.end(), output->logprobs.begin(), output->logprobs.end());
+    logprobs = legacy_logprobs(entries, 0);
+  }
   return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
-               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}})},
+               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}}})},
                {"usage", usage}};
 }
 

@@ -6,11 +6,12 @@
 // are a 400 naming the key): model, messages (system/developer, user, assistant with content and tool_calls,
 // tool/ipython results; content as a string, null, or a list of text parts), tools and tool_choice ("none",
 // "auto", "required", or {"type": "function", "function": {"name"}}), stream and stream_options.include_usage,
+// logprobs and top_logprobs (0-20; the log-softmax of the model's raw logits, as vLLM reports by default),
 // max_tokens / max_completion_tokens, temperature, top_p, top_k (an extension, as vLLM), seed, stop (a string or
 // up to 4), presence_penalty, frequency_penalty, n (1 only), and the reasoning switch: "reasoning": "on"|"off"|
 // "default" (petrel), chat_template_kwargs.enable_thinking (vLLM's convention) or reasoning_effort ("none" or
-// "minimal" off, "low"/"medium"/"high" on). logprobs, n > 1 and response_format other than text are refused
-// with a 400 instead of being silently ignored.
+// "minimal" off, "low"/"medium"/"high" on). n > 1 and response_format other than text are refused with a 400
+// instead of being silently ignored.
 //
 // The answer: message.content (null when the answer is only tool calls), message.reasoning_content (the text
 // inside <think>...</think>, vLLM's field), message.tool_calls ({id, type: "function", function: {name,
@@ -63,6 +64,7 @@ struct SamplingRequest {
   std::optional<int64_t> max_tokens;
   float presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::string> stop;
+  int logprobs = -1;  // -1: none; else each generated token's log-probability with this many alternatives
 };
 
 struct ChatRequest : SamplingRequest {
@@ -74,8 +76,12 @@ struct ChatRequest : SamplingRequest {
 };
 
 // POST /v1/completions (the legacy text API): the prompt as text (tokenized with BOS, special tokens in it read
-// as special, since a raw prompt is the model's own input) or as token ids; `echo` puts the prompt text in front
-// of the answer. One prompt a request; logprobs, suffix and best_of other than 1 are refused.
+// as special, since a raw prompt is the model's own input) or as token ids; `echo` puts the prompt text (token
+// ids decoded) in front of the answer. `logprobs` (0-20) gives each token's log-probability and that many
+// alternatives in the legacy layout (tokens, token_logprobs, top_logprobs, text_offset); with `echo` the prompt's
+// tokens come first (the first with null), which is how scoring harnesses (lm-evaluation-harness) ask for a
+// text's likelihood. One prompt a request; suffix, best_of other than 1, and echo with logprobs while streaming
+// are refused.
 struct TextCompletionRequest : SamplingRequest {
   std::string prompt;
   std::vector<int32_t> prompt_tokens;
@@ -105,11 +111,20 @@ struct ChatTurn {
   GenerationConfig generation;
 };
 
+// One token's log-probability as the API reports it.
+struct LogprobEntry {
+  std::string token;             // the token's bytes (for byte-level tokens possibly part of a UTF-8 character)
+  std::optional<float> logprob;  // none for the first token of a prompt
+  std::vector<std::pair<std::string, float>> top;  // the most likely tokens, most likely first
+};
+
 struct ChatOutput {
   std::string text;  // decoded, stop strings removed
   StopReason reason = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;      // the whole prompt
   int64_t completion_tokens = 0;  // generated, stop token included
+  std::vector<LogprobEntry> logprobs;         // each generated token's (generation.logprobs >= 0)
+  std::vector<LogprobEntry> prompt_logprobs;  // each prompt token's (generation.prompt_logprobs >= 0)
 };
 
 // What a generator reports while it runs: started() once the prompt is built, before any text (whether the
@@ -118,6 +133,8 @@ struct ChatOutput {
 struct GenerationEvents {
   std::function<void(bool starts_in_reasoning)> started;
   std::function<bool(std::string_view)> text;
+  std::function<void(const LogprobEntry&)> logprobs;  // each generated token's, before its text (when asked for)
+  std::function<void(std::string_view)> prompt_text;  // text completions of token ids: the prompt decoded, first
 };
 
 // A raw prompt (POST /v1/completions): its text, or its token ids when tokens_given.

@@ -8,6 +8,7 @@
 #include <exception>
 #include <type_traits>
 
+#include "petrel/text/utf8.h"
 
 namespace petrel::serve {
 
@@ -83,12 +84,31 @@ Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const G
                                                const GenerationEvents& events) {
   if (events.started) events.started(prompt.starts_in_reasoning);
   auto on_token = [&](int32_t, std::string_view text) { return text.empty() || !events.text || events.text(text); };
-  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, generation, on_token));
+  const Tokenizer& tokenizer = *engine_->tokenizer();
+  auto entry = [&](const TokenLogprobs& lp) {
+    LogprobEntry e;
+    e.token = tokenizer.token_bytes(lp.token).value_or("");
+    e.logprob = lp.logprob;
+    for (const auto& [id, value] : lp.top) e.top.emplace_back(tokenizer.token_bytes(id).value_or(""), value);
+    return e;
+  };
   ChatOutput out;
+  GenerationConfig config = generation;
+  if (config.logprobs >= 0) {
+    config.on_logprobs = [&](const TokenLogprobs& lp) {
+      out.logprobs.push_back(entry(lp));
+      if (events.logprobs) events.logprobs(out.logprobs.back());
+    };
+  }
+  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, config, on_token));
   out.text = std::move(result.text);
   out.reason = result.reason;
   out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
   out.completion_tokens = result.stats.generated_tokens;
+  if (config.prompt_logprobs >= 0) {  // the whole prompt ran again: its first token, then one entry a later token
+    out.prompt_logprobs.push_back(LogprobEntry{tokenizer.token_bytes(prompt.tokens.front()).value_or(""), std::nullopt, {}});
+    for (const TokenLogprobs& lp : result.prompt_logprobs) out.prompt_logprobs.push_back(entry(lp));
+  }
   return out;
 }
 
@@ -103,6 +123,10 @@ Result<ChatOutput> EngineGenerator::generate_text(const TextTurn& turn, const Ge
     if (bos && prompt.tokens.size() >= 2 && prompt.tokens[0] == *bos && prompt.tokens[1] == *bos) prompt.tokens.erase(prompt.tokens.begin());
   }
   if (prompt.tokens.empty()) return invalid_argument("prompt: no tokens");
+  if (turn.tokens_given && events.prompt_text) {
+    PETREL_ASSIGN_OR_RETURN(std::string text, engine_->tokenizer()->decode(prompt.tokens));
+    events.prompt_text(utf8::sanitize(text));
+  }
   return run_prompt(prompt, turn.generation, events);
 }
 
