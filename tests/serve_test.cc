@@ -705,6 +705,81 @@ TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
   EXPECT_EQ(joined, content);
 }
 
+// tool_choice "required" and a named function: the answer is made to begin with the format's call opener (the
+// tiny story model then writes nonsense, which comes back as content with the parse error: what is checked here
+// is that the opener is there, counted, and nothing precedes it). tiny-llama31 with Nemotron Super v1.5's
+// template (nemotron format, a reasoning switch): with reasoning on, an answer that opens no <think> block gets
+// the opener right after the prompt, its first tokens dropped unseen.
+TEST(Server, ToolChoiceRequiredMakesTheAnswerBeginWithACall) {
+  testing::TempDir dir("serve_tool_choice");
+  const std::filesystem::path model = dir / "model", tiny = data_dir() / "models/tiny-llama31";
+  std::filesystem::create_directories(model);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"}) {
+    std::filesystem::create_symlink(tiny / f, model / f);
+  }
+  std::ifstream in(data_dir() / "chat-templates/nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja");
+  const std::string super_template((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ojson tokenizer_config = ojson::parse(*read_text_file(tiny / "tokenizer_config.json"));
+  tokenizer_config["chat_template"] = super_template;
+  ASSERT_TRUE(write_file_atomic(model / "tokenizer_config.json", tokenizer_config.dump()).ok());
+  auto engine = Engine::load(model);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto generator = EngineGenerator::create(*engine, 1024);
+  ASSERT_TRUE(generator.ok());
+  CompletionOptions options;
+  ASSERT_TRUE((*generator)->configure_tools("auto", options).ok());
+  ASSERT_EQ(options.tool_format, ToolCallFormat::kNemotron);
+
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+  const std::string user = R"("messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 40, "temperature": 0)";
+  struct Case {
+    std::string extra, opener;
+  } cases[] = {
+      {R"("tool_choice": "required", "reasoning": "off")", "<TOOLCALL>[{\"name\": \""},
+      {R"("tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "reasoning": "off")",
+       "<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": "},
+      {R"("tool_choice": "required", "reasoning": "on")", "<TOOLCALL>[{\"name\": \""},
+  };
+  for (const Case& c : cases) {
+    for (bool stream : {false, true}) {
+      const std::string body = "{" + user + ", " + tools + ", " + c.extra + (stream ? R"(, "stream": true})" : "}");
+      SCOPED_TRACE(body);
+      auto request = parse_chat_request(body, {});
+      ASSERT_TRUE(std::holds_alternative<ChatRequest>(request)) << body;
+      std::string streamed;
+      ojson usage;
+      auto result = run_chat_completion(**generator, std::get<ChatRequest>(request), options, [&](const std::string& event) {
+        if (event.rfind("data: {", 0) == 0) {
+          const ojson e = ojson::parse(event.substr(6));
+          if (e.contains("usage")) usage = e["usage"];
+          if (!e["choices"].empty()) {
+            const ojson& delta = e["choices"][0]["delta"];
+            EXPECT_FALSE(delta.contains("reasoning_content")) << event;
+            if (delta.contains("content")) streamed += delta["content"].get<std::string>();
+            if (delta.contains("tool_calls")) streamed += "<call " + delta["tool_calls"][0]["function"]["name"].get<std::string>() + ">";
+          }
+        }
+        return true;
+      });
+      ASSERT_TRUE(std::holds_alternative<ojson>(result)) << std::get<ApiError>(result).message;
+      std::string answer = streamed;
+      if (!stream) {
+        const ojson& r = std::get<ojson>(result);
+        const ojson& message = r["choices"][0]["message"];
+        answer = message["content"].is_string() ? message["content"].get<std::string>() : "";
+        if (message.contains("tool_calls")) answer = "<call " + message["tool_calls"][0]["function"]["name"].get<std::string>() + ">";
+        auto opener = (*engine)->tokenizer()->encode(c.opener);
+        ASSERT_TRUE(opener.ok());
+        EXPECT_GE(r["usage"]["completion_tokens"].get<size_t>(), opener->size()) << "the opener's tokens count as generated";
+        EXPECT_LE(r["usage"]["completion_tokens"].get<int64_t>(), 40);
+      }
+      const bool called = answer.rfind("<call get_weather>", 0) == 0;
+      EXPECT_TRUE(called || answer.rfind(c.opener, 0) == 0) << answer;
+    }
+  }
+}
+
 // A generator that blocks until released: to hold the model busy.
 class GateGenerator : public ChatGenerator {
  public:

@@ -432,6 +432,9 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
   turn.prompt.prefill_empty_thinking_when_off = options.prefill_empty_thinking_when_off;
   turn.generation = generation_config(request, options);
   if (const std::string stop = tool_call_stop_string(format); !stop.empty()) turn.generation.stop_strings.push_back(stop);
+  if (use_tools && (request.tool_choice == "required" || request.forced_function)) {
+    turn.output_prefix = tool_call_opener(format, request.forced_function ? request.tool_choice : "");
+  }
 
   const std::string id = "chatcmpl-" + random_hex(24);
   const int64_t created = static_cast<int64_t>(std::time(nullptr));

@@ -109,6 +109,9 @@ struct ChatTurn {
   const nlohmann::ordered_json* tools = nullptr;  // for the template; null when none
   ChatPromptOptions prompt;
   GenerationConfig generation;
+  // When set (tool_choice "required" or a named function: tool_call_opener), the answer is made to begin with this
+  // text, after the reasoning when the model reasons first; the generator reports it as output text.
+  std::string output_prefix;
 };
 
 // One token's log-probability as the API reports it.
@@ -123,6 +126,7 @@ struct ChatOutput {
   StopReason reason = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;      // the whole prompt
   int64_t completion_tokens = 0;  // generated, stop token included
+  std::vector<int32_t> tokens;    // the generated ids (generators that have them)
   std::vector<LogprobEntry> logprobs;         // each generated token's (generation.logprobs >= 0)
   std::vector<LogprobEntry> prompt_logprobs;  // each prompt token's (generation.prompt_logprobs >= 0)
 };

@@ -77,12 +77,88 @@ Status EngineGenerator::configure_tools(std::string_view tool_format, Completion
 Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const GenerationEvents& events) {
   PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt, build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), turn.messages,
                                                                turn.tools, turn.prompt));
+  if (!turn.output_prefix.empty()) return run_forced(prompt, turn, events);
   return run_prompt(prompt, turn.generation, events);
 }
 
-Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const GenerationConfig& generation,
-                                               const GenerationEvents& events) {
+// The prefix follows the prompt at once, unless the model reasons first (the prompt opened <think>, or reasoning
+// is on): then the answer runs until its </think> and the prefix follows that. A model asked to reason that
+// opens no <think> block (the first 7 characters tell) gets the prefix right after the prompt, its few tokens
+// dropped unseen. The prefix's tokens count as generated; the output text holds it where it was inserted.
+Result<ChatOutput> EngineGenerator::run_forced(const ChatPrompt& prompt, const ChatTurn& turn, const GenerationEvents& events) {
   if (events.started) events.started(prompt.starts_in_reasoning);
+  ChatOutput thought;  // the reasoning, when kept
+  if (prompt.starts_in_reasoning || turn.prompt.reasoning == text::ReasoningMode::kOn) {
+    bool decided = prompt.starts_in_reasoning, thinking = prompt.starts_in_reasoning, closed = false, client_gone = false;
+    std::string seen, held_text;
+    std::vector<LogprobEntry> held_logprobs;
+    auto pass = [&](std::string_view text) {
+      if (!text.empty() && events.text && !events.text(text)) client_gone = true;
+      return !client_gone;
+    };
+    GenerationEvents phase;
+    phase.logprobs = [&](const LogprobEntry& e) {
+      if (!decided) held_logprobs.push_back(e);
+      else if (events.logprobs) events.logprobs(e);
+    };
+    phase.text = [&](std::string_view piece) {
+      seen += piece;
+      if (!decided) {
+        const size_t first = seen.find_first_not_of(" \t\r\n");
+        if (first == std::string::npos || seen.size() - first < 7) {
+          held_text += piece;
+          return true;
+        }
+        decided = true;
+        thinking = seen.compare(first, 7, "<think>") == 0;
+        if (!thinking) return false;
+        if (events.logprobs) for (const LogprobEntry& e : held_logprobs) events.logprobs(e);
+        if (!pass(held_text)) return false;
+      }
+      if (!pass(piece)) return false;
+      closed = seen.find("</think>") != std::string::npos;
+      return !closed;
+    };
+    PETREL_ASSIGN_OR_RETURN(thought, run_prompt(prompt, turn.generation, phase, /*report_start=*/false));
+    if (client_gone || (thinking && !closed)) return thought;  // gone, or the reasoning did not end: as it came
+    if (!thinking) thought = ChatOutput{};                    // no <think> block: dropped unseen
+  }
+  const std::string& prefix = turn.output_prefix;
+  PETREL_ASSIGN_OR_RETURN(std::vector<int32_t> prefix_tokens,
+                          engine_->tokenizer()->encode(prefix, EncodeOptions{.add_special = false, .parse_special = true,
+                                                                             .untrusted_ranges = {}}));
+  ChatOutput out;
+  out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
+  const int64_t used = thought.completion_tokens + static_cast<int64_t>(prefix_tokens.size());
+  if (events.text && !events.text(prefix)) return thought;
+  if (used >= turn.generation.max_new_tokens) {
+    out.text = thought.text + prefix;
+    out.completion_tokens = used;
+    out.tokens = thought.tokens;
+    out.tokens.insert(out.tokens.end(), prefix_tokens.begin(), prefix_tokens.end());
+    out.logprobs = std::move(thought.logprobs);
+    return out;
+  }
+  ChatPrompt forced;
+  forced.tokens = prompt.tokens;
+  forced.tokens.insert(forced.tokens.end(), thought.tokens.begin(), thought.tokens.end());
+  forced.tokens.insert(forced.tokens.end(), prefix_tokens.begin(), prefix_tokens.end());
+  GenerationConfig rest = turn.generation;
+  rest.max_new_tokens -= used;
+  PETREL_ASSIGN_OR_RETURN(out, run_prompt(forced, rest, events, /*report_start=*/false));
+  out.text = thought.text + prefix + out.text;
+  out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
+  out.completion_tokens += used;
+  out.tokens.insert(out.tokens.begin(), prefix_tokens.begin(), prefix_tokens.end());
+  out.tokens.insert(out.tokens.begin(), thought.tokens.begin(), thought.tokens.end());
+  thought.logprobs.insert(thought.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+  out.logprobs = std::move(thought.logprobs);
+  return out;
+}
+
+Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const GenerationConfig& generation,
+                                               const GenerationEvents& events, bool report_start) {
+  if (report_start && events.started) events.started(prompt.starts_in_reasoning);
   auto on_token = [&](int32_t, std::string_view text) { return text.empty() || !events.text || events.text(text); };
   const Tokenizer& tokenizer = *engine_->tokenizer();
   auto entry = [&](const TokenLogprobs& lp) {
@@ -102,6 +178,7 @@ Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const G
   }
   PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, config, on_token));
   out.text = std::move(result.text);
+  out.tokens = std::move(result.tokens);
   out.reason = result.reason;
   out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
   out.completion_tokens = result.stats.generated_tokens;

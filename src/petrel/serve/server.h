@@ -46,8 +46,12 @@ class EngineGenerator : public ChatGenerator {
   Status configure_tools(std::string_view tool_format, CompletionOptions& options) const;
 
  private:
-  // The prompt through the session (its cached prefix reused), the events reported.
-  Result<ChatOutput> run_prompt(const ChatPrompt& prompt, const GenerationConfig& generation, const GenerationEvents& events);
+  // The prompt through the session (its cached prefix reused), the events reported (started() only when
+  // report_start).
+  Result<ChatOutput> run_prompt(const ChatPrompt& prompt, const GenerationConfig& generation, const GenerationEvents& events,
+                                bool report_start = true);
+  // A turn whose answer must begin with turn.output_prefix (tool_choice), after any reasoning.
+  Result<ChatOutput> run_forced(const ChatPrompt& prompt, const ChatTurn& turn, const GenerationEvents& events);
 
   std::shared_ptr<const Engine> engine_;
   std::unique_ptr<Session> session_;

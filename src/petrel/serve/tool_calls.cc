@@ -187,6 +187,19 @@ ParsedToolCalls parse_tool_calls(ToolCallFormat format, std::string_view output)
   return parsed;
 }
 
+std::string tool_call_opener(ToolCallFormat format, std::string_view function) {
+  std::string open;
+  switch (format) {
+    case ToolCallFormat::kNone: return "";
+    case ToolCallFormat::kNemotron: open = std::string(kNemotronOpen) + "["; break;
+    case ToolCallFormat::kLlama3Json: break;
+    case ToolCallFormat::kHermes: open = std::string(kHermesOpen) + "\n"; break;
+  }
+  if (function.empty()) return open + "{\"name\": \"";
+  const char* arguments = format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
+  return open + "{\"name\": " + ojson(std::string(function)).dump() + ", \"" + arguments + "\": ";
+}
+
 std::string tool_call_stop_string(ToolCallFormat format) {
   // Hermes models may write several blocks, so only Nemotron's single array block ends the turn.
   return format == ToolCallFormat::kNemotron ? std::string(kNemotronClose) : std::string();

@@ -41,6 +41,11 @@ Result<ToolCallFormat> parse_tool_call_format(std::string_view name);
 // themselves), kLlama3Json when it lists `tools` (the Llama 3.1 convention), else kNone.
 ToolCallFormat detect_tool_call_format(std::string_view template_source);
 
+// The text that starts a call in `format`, for tool_choice "required" (function empty: any of the tools) or a
+// named function (its name and the key of its arguments written too): the server has the answer begin with it,
+// so that the model can only go on with a call. Empty for kNone.
+std::string tool_call_opener(ToolCallFormat format, std::string_view function);
+
 // Whether a chat template writes the tools itself (it reads the `tools` variable).
 bool template_writes_tools(std::string_view template_source);
 
