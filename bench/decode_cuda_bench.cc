@@ -648,8 +648,7 @@ double token_weight_bytes(const LlamaModel& model) {
     }
     return double(w.dense.rows) * w.dense.cols * dtype_size(w.dense.dtype);
   };
-  const LlamaConfig& c = model.config();
-  double bytes = double(c.hidden_size) * dtype_size(model.weights().embed_tokens.dtype);
+  double bytes = double(embedding_row_bytes(model.weights().embed_tokens));
   for (const LlamaLayerWeights& l : model.weights().layers) {
     for (const LinearWeight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       bytes += linear_bytes(*w);

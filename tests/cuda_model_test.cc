@@ -247,6 +247,26 @@ TEST_P(CudaModelGptq, QuantizedTinyLlamaAgreesWithCpuTokenGenerator) {
   EXPECT_EQ(top.values[0], *best);
 }
 
+// A quantized embedding table (--embedding-bits 4, groups of 64) is dequantized on the host to the CPU's float32
+// values and looked up like a float table: the same agreement as with the bf16 table.
+TEST(CudaModel, QuantizedEmbeddingAgreesWithCpuTokenGenerator) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  testing::TempDir dir("cuda_gptq_embedding");
+  auto model = testing::rtn_tiny_llama(dir / "q", 128, /*embedding_bits=*/4, /*embedding_group=*/64);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ASSERT_EQ((*model)->weights().embed_tokens.kind, LinearWeight::Kind::kGptq);
+  const std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
+  const int64_t vocab = (*model)->config().vocab_size, n = static_cast<int64_t>(tokens.size());
+  const std::vector<float> cpu = cpu_logits(**model, tokens);
+  const std::vector<float> gpu = cuda_logits(**model, tokens, CudaModelOptions{});
+  ASSERT_EQ(gpu.size(), cpu.size());
+  const Agreement a = compare(gpu, cpu.data(), n, vocab);
+  print("tiny-llama31 W4 g128, 4-bit embedding vs CPU", a);
+  EXPECT_LE(a.relative_l2, kGptqRelativeL2);
+  EXPECT_LE(a.max_kl, kGptqMaxKl);
+  EXPECT_EQ(a.argmax_mismatches, 0) << "smallest CPU top-1 margin among mismatches " << a.smallest_mismatch_margin;
+}
+
 // The fused decode step (five launches per layer, overlapped) against the unfused one on the same checkpoint:
 // the same formulas except the RMSNorm's sum of squares in another order, which can move an activation's fp16
 // rounding by a step. Overlap and L2 prefetch change no arithmetic: bitwise the same logits.

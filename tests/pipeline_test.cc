@@ -325,6 +325,111 @@ TEST_F(Pipeline, ReadsGptqV2CheckpointsOfOtherTools) {
   EXPECT_EQ(last_logits(**a, tokens), last_logits(**b, tokens));
 }
 
+// Quantized embeddings (--embedding-bits): the table is stored as GPTQ tensors with one row per token. The rows
+// the model looks up are decoded here from the stored words, independently of petrel's GptqMatrix, and checked
+// against the float table (round to nearest: within half a step) and against the model's own embedding output.
+TEST(QuantizedEmbedding, RowsAreTheStoredCodesWithinHalfAStepOfTheFloatTable) {
+  TempDir dir("quant_embedding");
+  quant::QuantizeOptions o;
+  o.method = quant::QuantMethod::kRtn;
+  o.show_progress = false;
+  o.quantize_embedding = true;
+  o.embedding_scheme = quant::QuantScheme{4, 64, true, /*clip_search=*/false};
+  ASSERT_TRUE(quant::quantize_checkpoint(tiny(), dir / "q", o).ok());
+
+  auto config = nlohmann::json::parse(*read_text_file(dir / "q/config.json"));
+  EXPECT_EQ(config["quantization_config"]["dynamic"]["+:model.embed_tokens"]["bits"], 4);
+  EXPECT_EQ(config["quantization_config"]["dynamic"]["+:model.embed_tokens"]["group_size"], 64);
+  EXPECT_EQ(config["quantization_config"]["petrel"]["embedding"], "w4 sym g64 rtn");
+  auto ckpt = SafetensorsCheckpoint::open(dir / "q");
+  auto source = SafetensorsCheckpoint::open(tiny());
+  ASSERT_TRUE(ckpt.ok() && source.ok());
+  EXPECT_FALSE(ckpt->has("model.embed_tokens.weight"));
+  const int64_t vocab = 4096, hidden = 256, groups = hidden / 64;
+  auto qweight = ckpt->tensor("model.embed_tokens.qweight", {hidden / 8, vocab});
+  auto scales = ckpt->tensor("model.embed_tokens.scales", {groups, vocab});
+  auto qzeros = ckpt->tensor("model.embed_tokens.qzeros", {groups, vocab / 8});
+  auto table = source->tensor("model.embed_tokens.weight", {vocab, hidden});
+  ASSERT_TRUE(qweight.ok() && scales.ok() && qzeros.ok() && table.ok()) << qweight.status().to_string();
+  const auto* words = static_cast<const uint32_t*>(qweight->data);
+  const auto* zero_words = static_cast<const uint32_t*>(qzeros->data);
+  const auto* scale_bits = static_cast<const uint16_t*>(scales->data);
+  auto decoded = [&](int64_t token, int64_t c) {  // GPTQ v1: codes along the input, zeros stored minus one
+    const int64_t g = c / 64;
+    const int code = static_cast<int>((words[(c / 8) * vocab + token] >> (4 * (c % 8))) & 0xF);
+    const int zero = static_cast<int>((zero_words[g * (vocab / 8) + token / 8] >> (4 * (token % 8))) & 0xF) + 1;
+    return f16_to_f32(scale_bits[g * vocab + token]) * static_cast<float>(code - zero);
+  };
+  double worst = 0;
+  for (int64_t t = 0; t < vocab; ++t) {
+    for (int64_t c = 0; c < hidden; ++c) {
+      const float step = f16_to_f32(scale_bits[(c / 64) * vocab + t]);
+      const double err = std::abs(decoded(t, c) - table->element(t * hidden + c));
+      worst = std::max(worst, err / step);
+    }
+  }
+  // Round to nearest is within half a step, plus the scale's rounding to fp16 (relative 2^-11) at the extreme
+  // code: symmetric 4-bit maps the largest magnitude to 7.5 steps, clamped to 7.
+  EXPECT_LE(worst, 0.5 + 7.5 / 2048.0) << "round to nearest is within half a step of the float table";
+
+  auto model = LlamaModel::load(dir / "q");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ASSERT_EQ((*model)->weights().embed_tokens.kind, LinearWeight::Kind::kGptq);
+  const std::vector<int32_t> tokens = {4080, 424, 1413, 276, 4095, 0};
+  std::vector<float> embedded;
+  (*model)->set_observer([&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
+    if (name == "embed") embedded.assign(data, data + rows * cols);
+  });
+  auto cache = (*model)->new_cache(16);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> logits;
+  ASSERT_TRUE((*model)->forward(tokens, *cache, LogitsMode::kLast, &logits).ok());
+  ASSERT_EQ(embedded.size(), tokens.size() * hidden);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    for (int64_t c = 0; c < hidden; ++c) ASSERT_EQ(embedded[i * hidden + c], decoded(tokens[i], c)) << "token " << tokens[i];
+  }
+}
+
+TEST(QuantizedEmbedding, ValidatesExportsAndRunsFromTheBundleLikeTheCheckpoint) {
+  TempDir dir("quant_embedding_cli");
+  const fs::path q = dir / "q", bundle = dir / "bundle";
+  auto r = run_command(cli() + " quantize -q --method rtn --embedding-bits 8 --checkpoint " + tiny() + " --out " + q.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(cli() + " validate -q --checkpoint " + q.string() + " --reference " + tiny() + " --max-windows 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto report = nlohmann::json::parse(*read_text_file(q / "validation.json"));
+  // 8-bit rows cost almost nothing over the float table (RTN per channel: mean KL ~0.025 either way).
+  EXPECT_LT(report["prompt_processor"]["kl_mean"].get<double>(), 0.05);
+  EXPECT_LE(report["paths_agreement"]["kl_mean"].get<double>(), 1e-6);
+  r = run_command(cli() + " export -q --checkpoint " + q.string() + " --out " + bundle.string() + " --context-length 2048 --parts 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto opened = Bundle::open(bundle);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  ASSERT_NE(opened->part_of("model.embed_tokens.qweight"), nullptr);
+  EXPECT_EQ(opened->part_of("model.embed_tokens.qweight")->part_index(), 1);
+  auto from_bundle = LlamaModel::load(bundle), from_checkpoint = LlamaModel::load(q);
+  ASSERT_TRUE(from_bundle.ok() && from_checkpoint.ok()) << from_bundle.status().to_string();
+  EXPECT_EQ((*from_bundle)->weights().embed_tokens.gptq.bits, 8);
+  std::vector<int32_t> tokens = {4080, 424, 1413, 276, 289, 311};
+  EXPECT_EQ(last_logits(**from_bundle, tokens), last_logits(**from_checkpoint, tokens));
+  r = run_command(cli() + " run -c " + (bundle / "config.json").string() + " --prompt 'Hello' -n 4");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(QuantizedEmbedding, BadOptionsAreRefusedNamingTheTable) {
+  TempDir dir("quant_embedding_bad");
+  auto r = run_command(cli() + " quantize -q --method rtn --embedding-bits 3 --checkpoint " + tiny() + " --out " + (dir / "a").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--embedding-bits"), std::string::npos) << r.output;
+  r = run_command(cli() + " quantize -q --method rtn --embedding-bits 4 --embedding-group-size 96 --checkpoint " + tiny() +
+                  " --out " + (dir / "b").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("model.embed_tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("96"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "a"));
+  EXPECT_FALSE(fs::exists(dir / "b"));
+}
+
 TEST(ExportBalance, SplitsContiguousGroupsMinimisingTheLargestPart) {
   auto starts = balance_parts({10, 3, 3, 3, 3, 3, 3, 10}, 3);
   ASSERT_TRUE(starts.ok());

@@ -110,10 +110,16 @@ inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale
 
 // tiny-llama31 quantized with RTN into `out` (4-bit per channel when group < 0, else groups of `group`;
 // 8-bit LM head) and loaded: the GPU tests' small quantized model.
-inline Result<std::unique_ptr<LlamaModel>> rtn_tiny_llama(const std::filesystem::path& out, int64_t group) {
+// embedding_bits 16 keeps the float embedding table; 4 or 8 quantize it per token row (embedding_group -1) or
+// in groups along the hidden size.
+inline Result<std::unique_ptr<LlamaModel>> rtn_tiny_llama(const std::filesystem::path& out, int64_t group,
+                                                          int embedding_bits = 16, int64_t embedding_group = -1) {
   quant::QuantizeOptions q;
   q.method = quant::QuantMethod::kRtn;
   q.scheme.group_size = group;
+  q.quantize_embedding = embedding_bits != 16;
+  q.embedding_scheme.bits = embedding_bits;
+  q.embedding_scheme.group_size = embedding_group;
   q.show_progress = false;
   PETREL_RETURN_IF_ERROR(quant::quantize_checkpoint(data_dir() / "models/tiny-llama31", out, q));
   return LlamaModel::load(out);

@@ -191,8 +191,8 @@ int run_bench(const BenchFlags& f) {
                                                  : l.dense.rows * l.dense.cols * dtype_size(l.dense.dtype);
     };
     const LlamaWeights& w = (*model)->weights();
-    uint64_t total = w.embed_tokens.rows * w.embed_tokens.cols * dtype_size(w.embed_tokens.dtype);
-    if (!c.tie_word_embeddings || w.lm_head.kind == LinearWeight::Kind::kGptq) total += linear_bytes(w.lm_head);
+    uint64_t total = linear_bytes(w.embed_tokens);
+    if (!w.head_is_embedding()) total += linear_bytes(w.lm_head);
     for (const auto& layer : w.layers) {
       for (const LinearWeight* l : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
                                     &layer.up_proj, &layer.down_proj}) {
@@ -226,7 +226,7 @@ int run_bench(const BenchFlags& f) {
       return l.gptq.rows * l.gptq.cols * l.gptq.bits / 8 + groups * l.gptq.rows * (2 + l.gptq.bits / 8.0);
     };
     const LlamaWeights& w = (*model)->weights();
-    uint64_t total = read_bytes(w.lm_head) + w.embed_tokens.cols * dtype_size(w.embed_tokens.dtype);
+    uint64_t total = read_bytes(w.lm_head) + embedding_row_bytes(w.embed_tokens);
     for (const auto& layer : w.layers) {
       for (const LinearWeight* l : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
                                     &layer.up_proj, &layer.down_proj}) {

@@ -8,6 +8,7 @@
 #include "petrel/io/bundle.h"
 #include "petrel/io/hf_config.h"
 #include "petrel/io/safetensors.h"
+#include "petrel/model/llama.h"
 
 namespace petrel::cli {
 
@@ -51,6 +52,14 @@ int run_inspect_bundle(const std::string& path) {
   return 0;
 }
 
+// How one weight is stored: "BF16", "GPTQ w4 per-channel", "GPTQ w8 g128".
+std::string weight_format(const LinearWeight& w) {
+  if (w.kind == LinearWeight::Kind::kDense) return std::string(dtype_name(w.dense.dtype));
+  const ref::GptqMatrix& g = w.gptq;
+  return "GPTQ w" + std::to_string(g.bits) + (g.group_size == g.cols ? " per-channel" : " g" + std::to_string(g.group_size)) +
+         (g.g_idx ? " act-order" : "");
+}
+
 int run_inspect(const std::string& dir) {
   if (is_bundle_path(dir)) return run_inspect_bundle(dir);
   auto config = load_llama_config(dir);
@@ -59,11 +68,9 @@ int run_inspect(const std::string& dir) {
   if (!ckpt.ok()) return report_error("inspect", ckpt.status());
   const LlamaConfig& c = *config;
   std::map<std::string, int64_t> params_by_dtype;
-  int64_t stored_params = 0;
   for (const std::string& name : ckpt->tensor_names()) {
     TensorView v = ckpt->tensor(name).value();
     params_by_dtype[std::string(dtype_name(v.dtype))] += v.num_elements();
-    stored_params += v.num_elements();
   }
   std::printf("checkpoint:      %s\n", dir.c_str());
   std::printf("architecture:    %s, %lld layers, hidden %lld, FFN %lld\n", c.model_type.c_str(),
@@ -80,7 +87,20 @@ int run_inspect(const std::string& dir) {
   } else if (c.rope.scaling == RopeScalingType::kLinear) {
     std::printf(" (factor %g)", c.rope.factor);
   }
-  std::printf("\nparameters:      %lld (%.3f B)\n", (long long)stored_params, stored_params / 1e9);
+  // The model's parameters (the float model's count: a quantized checkpoint stores fewer, packed, elements), and
+  // the files' size over them: llama.cpp's "bits per weight" of a whole file.
+  const int64_t params = c.parameter_count();
+  uint64_t file_bytes = 0;
+  for (const auto& f : ckpt->files()) file_bytes += f->file_size();
+  std::printf("\nparameters:      %lld (%.3f B); files %.2f bits per weight\n", (long long)params, params / 1e9,
+              8.0 * static_cast<double>(file_bytes) / static_cast<double>(params));
+  if (c.quantization) {
+    auto model = LlamaModel::load(dir);
+    if (!model.ok()) return report_error("inspect", model.status());
+    const LlamaWeights& w = (*model)->weights();
+    std::printf("weights:         layers %s, LM head %s, embedding %s\n", weight_format(w.layers.at(0).q_proj).c_str(),
+                weight_format(w.lm_head).c_str(), weight_format(w.embed_tokens).c_str());
+  }
   std::printf("dtypes:         ");
   for (const auto& [dtype, n] : params_by_dtype) std::printf(" %s %lld", dtype.c_str(), (long long)n);
   std::printf("\nbos / eos:       %s / ", c.bos_token_id ? std::to_string(*c.bos_token_id).c_str() : "none");

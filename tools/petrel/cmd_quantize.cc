@@ -22,6 +22,9 @@ struct QuantizeFlags {
   bool asym = false;
   bool no_clip_search = false;
   int lm_head_bits = 8;
+  int64_t lm_head_group_size = -1;
+  int embedding_bits = 16;
+  int64_t embedding_group_size = -1;
   std::vector<std::string> calib;
   double calib_fraction = 0.9;
   int64_t num_samples = 128;
@@ -66,7 +69,14 @@ int run_quantize(const QuantizeFlags& f) {
     o.quantize_lm_head = false;
   } else {
     o.lm_head_scheme.bits = f.lm_head_bits;
+    o.lm_head_scheme.group_size = f.lm_head_group_size;
     o.lm_head_scheme.clip_search = !f.no_clip_search;
+  }
+  if (f.embedding_bits != 16) {
+    o.quantize_embedding = true;
+    o.embedding_scheme.bits = f.embedding_bits;
+    o.embedding_scheme.group_size = f.embedding_group_size;
+    o.embedding_scheme.clip_search = !f.no_clip_search;
   }
   if (f.calib.empty()) o.calibration.files = {PETREL_DEFAULT_CORPUS};
   else o.calibration.files.assign(f.calib.begin(), f.calib.end());
@@ -80,8 +90,9 @@ int run_quantize(const QuantizeFlags& f) {
   o.show_progress = !f.quiet;
   o.max_layers = f.max_layers;
   if (o.method == quant::QuantMethod::kGptq && o.device == quant::QuantDevice::kCpu) warn_about_slow_blas();
-  std::fprintf(stderr, "quantize: %s, %s, LM head %s\n", quant::method_name(o.method), o.scheme.to_string().c_str(),
-               o.quantize_lm_head ? o.lm_head_scheme.to_string().c_str() : "unquantized");
+  std::fprintf(stderr, "quantize: %s, %s, LM head %s, embedding %s\n", quant::method_name(o.method),
+               o.scheme.to_string().c_str(), o.quantize_lm_head ? o.lm_head_scheme.to_string().c_str() : "unquantized",
+               o.quantize_embedding ? (o.embedding_scheme.to_string() + " rtn").c_str() : "unquantized");
   quant::QuantizeReport report;
   Status s = quant::quantize_checkpoint(f.checkpoint, f.out, o, &report);
   if (!s.ok()) return report_error("quantize", s);
@@ -107,7 +118,19 @@ void add_quantize_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--group-size", f->group_size, "-1: per output channel (Qualcomm's W4A16); else 32, 64, 128")->capture_default_str();
   cmd->add_flag("--asym", f->asym, "Asymmetric (zero point per group) instead of symmetric");
   cmd->add_flag("--no-clip-search", f->no_clip_search, "Use plain min/max ranges instead of the error-minimising clip search");
-  cmd->add_option("--lm-head-bits", f->lm_head_bits, "LM head: 8 (per channel) or 16 (left unquantized)")->capture_default_str();
+  cmd->add_option("--lm-head-bits", f->lm_head_bits, "LM head: 8 or 4 (GPTQ like the layers), or 16 (left unquantized)")
+      ->check(CLI::IsMember({4, 8, 16}))
+      ->capture_default_str();
+  cmd->add_option("--lm-head-group-size", f->lm_head_group_size, "LM head: -1 per output channel, else 32, 64, 128")
+      ->capture_default_str();
+  cmd->add_option("--embedding-bits", f->embedding_bits,
+                  "Embedding table: 16 leaves it in the source dtype; 8 or 4 quantize it (RTN per token row; petrel "
+                  "reads the result, vLLM and transformers do not)")
+      ->check(CLI::IsMember({4, 8, 16}))
+      ->capture_default_str();
+  cmd->add_option("--embedding-group-size", f->embedding_group_size,
+                  "Embedding table: -1 one scale per token row, else 32, 64, 128 (groups along the hidden size)")
+      ->capture_default_str();
   cmd->add_option("--calib", f->calib, "Calibration text files (default: the WikiText-2 corpus shipped in the repo)");
   cmd->add_option("--calib-fraction", f->calib_fraction, "Use only the first fraction of each calibration file")->capture_default_str();
   cmd->add_option("--num-samples", f->num_samples, "Calibration samples")->capture_default_str();

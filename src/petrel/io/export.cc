@@ -140,7 +140,7 @@ Status export_bundle(const fs::path& checkpoint, const fs::path& out, const Expo
   const int64_t n_layers = c.num_hidden_layers;
   std::vector<std::vector<std::string>> groups(n_layers + 2);
   for (const std::string& name : ckpt.tensor_names()) {
-    if (name == "model.embed_tokens.weight") {
+    if (name.rfind("model.embed_tokens.", 0) == 0) {  // the float table, or a quantized one's GPTQ tensors
       groups[0].push_back(name);
     } else if (name.rfind("model.layers.", 0) == 0) {
       const size_t dot = name.find('.', 13);

@@ -23,6 +23,7 @@
 #include "petrel/kernels/cuda/top_k.h"
 #include "petrel/kernels/cuda/uploader.h"
 #include "petrel/model/rope.h"
+#include "petrel/util/parallel.h"
 
 namespace petrel {
 
@@ -88,6 +89,37 @@ Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& 
   return linear;
 }
 
+// The embedding table on the device as a dense matrix for cuda::embedding_lookup: a float table as stored; a
+// quantized one (petrel quantize --embedding-bits) dequantized on the host to float32, exactly the CPU's values,
+// in slices of rows so that no whole float copy is ever held. (A lookup that reads the GPTQ words on the device
+// would keep the table at its stored size; the float32 copy costs 4 bytes a weight, 2.1 GB for Llama-3.1-8B.)
+Result<cuda::DeviceBuffer> upload_embedding(const LinearWeight& table, cuda::HostUploader& up, cuda::DeviceDenseMatrix* view) {
+  if (table.kind == LinearWeight::Kind::kDense) {
+    const ref::DenseMatrix& m = table.dense;
+    PETREL_ASSIGN_OR_RETURN(cuda::DeviceBuffer buffer,
+                            upload_bytes(m.data, static_cast<size_t>(m.rows * m.cols) * dtype_size(m.dtype),
+                                         "model.embed_tokens.weight", up));
+    *view = cuda::DeviceDenseMatrix{m.dtype, m.rows, m.cols, buffer.data()};
+    return buffer;
+  }
+  const ref::GptqMatrix& g = table.gptq;
+  auto buffer = cuda::DeviceBuffer::allocate(static_cast<size_t>(g.rows * g.cols) * 4);
+  if (!buffer.ok()) return Status(buffer.status().code(), "model.embed_tokens: " + buffer.status().message());
+  const int64_t slice_rows = std::max<int64_t>(1, (int64_t{16} << 20) / (4 * g.cols));
+  std::vector<float> slice(static_cast<size_t>(std::min(slice_rows, g.rows) * g.cols));
+  for (int64_t r0 = 0; r0 < g.rows; r0 += slice_rows) {
+    const int64_t n = std::min(slice_rows, g.rows - r0);
+    ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) g.row_to_f32(r0 + r, slice.data() + r * g.cols);
+    }, 64);
+    char* device = static_cast<char*>(buffer->data()) + static_cast<size_t>(r0 * g.cols) * 4;
+    Status copied = up.copy(device, slice.data(), static_cast<size_t>(n * g.cols) * 4);
+    if (!copied.ok()) return Status(copied.code(), "model.embed_tokens: " + copied.message());
+  }
+  *view = cuda::DeviceDenseMatrix{DType::kF32, g.rows, g.cols, buffer->data()};
+  return std::move(buffer).value();
+}
+
 Status with_context(Status status, const std::string& what) {
   if (status.ok()) return status;
   return Status(status.code(), what + ": " + status.message());
@@ -144,7 +176,9 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
   const LlamaWeights& w = model.weights();
   GpuMemoryNeed need;
   need.context_length = std::min(context_length, c.max_position_embeddings);
-  need.weight_bytes = host_matrix_bytes(w.embed_tokens) + host_matrix_bytes(w.final_norm);
+  need.weight_bytes = (w.embed_tokens.kind == LinearWeight::Kind::kGptq ? 4 * w.embed_tokens.gptq.rows * w.embed_tokens.gptq.cols
+                                                                        : host_linear_bytes(w.embed_tokens)) +
+                      host_matrix_bytes(w.final_norm);
   for (const LlamaLayerWeights& l : w.layers) {
     need.weight_bytes += host_matrix_bytes(l.input_norm) + host_matrix_bytes(l.post_attn_norm);
     for (const LinearWeight* lin : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
@@ -154,8 +188,7 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
       }
     }
   }
-  const bool tied = w.lm_head.kind == LinearWeight::Kind::kDense && w.lm_head.dense.data == w.embed_tokens.data;
-  if (!tied) need.weight_bytes += host_linear_bytes(w.lm_head);
+  if (!w.head_is_embedding()) need.weight_bytes += host_linear_bytes(w.lm_head);
   need.kv_cache_bytes = 2 * c.num_hidden_layers * need.context_length * c.kv_dim() * 2;
   // Activations of one token, the attention workspace (bounded by heads x splits x head_dim), and 64 MiB of
   // headroom for the GEMV workspaces, the graph and the allocator's rounding.
@@ -936,10 +969,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   PETREL_ASSIGN_OR_RETURN(cuda::HostUploader up,
                           cuda::HostUploader::create(size_t{32} << 20, 3, std::clamp<int>(std::thread::hardware_concurrency(), 1, 8)));
   const LlamaWeights& w = model.weights();
-  const size_t embed_bytes = static_cast<size_t>(w.embed_tokens.rows * w.embed_tokens.cols) * dtype_size(w.embed_tokens.dtype);
-  PETREL_ASSIGN_OR_RETURN(s.embed_storage, upload_bytes(w.embed_tokens.data, embed_bytes, "model.embed_tokens.weight", up));
-  s.embed = cuda::DeviceDenseMatrix{w.embed_tokens.dtype, w.embed_tokens.rows, w.embed_tokens.cols, s.embed_storage.data()};
-  s.weight_bytes += static_cast<int64_t>(embed_bytes);
+  PETREL_ASSIGN_OR_RETURN(s.embed_storage, upload_embedding(w.embed_tokens, up, &s.embed));
+  s.weight_bytes += static_cast<int64_t>(s.embed_storage.size());
   s.layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -961,8 +992,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   }
   PETREL_ASSIGN_OR_RETURN(s.final_norm, upload_norm(w.final_norm, "model.norm", up));
   s.weight_bytes += static_cast<int64_t>(s.final_norm.storage.size());
-  const bool tied = w.lm_head.kind == LinearWeight::Kind::kDense && w.lm_head.dense.data == w.embed_tokens.data;
-  if (tied) {
+  if (w.head_is_embedding()) {
     s.lm_head.dense = s.embed;  // transformers ties lm_head to the embedding: one copy on the device too
   } else {
     PETREL_ASSIGN_OR_RETURN(s.lm_head, upload_linear(w.lm_head, "lm_head", up));

@@ -51,7 +51,7 @@ Result<LinearWeight> gptq_linear_from(const TensorSource& ckpt, const GptqConfig
   }
   const int bits = static_cast<int>(qweight.shape[0] * 32 / in_features);
   if (bits != 4 && bits != 8) return unsupported(where + ": " + std::to_string(bits) + "-bit weights");
-  if (bits != q.bits && name != "lm_head") {
+  if (bits != q.bits && name != "lm_head" && name != "model.embed_tokens") {
     return invalid_data(where + ": stored with " + std::to_string(bits) + " bits, config.json says " + std::to_string(q.bits));
   }
   PETREL_ASSIGN_OR_RETURN(TensorView scales, ckpt.tensor(name + ".scales"));
@@ -102,6 +102,21 @@ Result<LinearWeight> linear_from(const TensorSource& ckpt, const LlamaConfig& co
 
 void linear(const float* x, int64_t n_rows, const LinearWeight& w, float* y) { linear_forward(x, n_rows, w, y); }
 
+// The embedding table: GPTQ tensors `model.embed_tokens.{qweight,scales,qzeros,g_idx}` when the checkpoint
+// quantized it (petrel's extension, docs/QUANTIZATION.md), else the float `model.embed_tokens.weight`.
+Result<LinearWeight> embedding_from(const TensorSource& ckpt, const LlamaConfig& c) {
+  if (ckpt.has("model.embed_tokens.qweight")) {
+    if (!c.quantization) {
+      return invalid_data(ckpt.describe() + ": model.embed_tokens is quantized but config.json has no quantization_config");
+    }
+    return gptq_linear_from(ckpt, *c.quantization, "model.embed_tokens", c.vocab_size, c.hidden_size);
+  }
+  PETREL_ASSIGN_OR_RETURN(ref::DenseMatrix dense, dense_from(ckpt, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+  LinearWeight w;
+  w.dense = dense;
+  return w;
+}
+
 // Several linears of the same input (q/k/v, gate/up): one call of the SIMD kernels when they are all GPTQ, so
 // that the activations are packed once and the token generator's GEMVs share one thread-pool dispatch.
 template <size_t N>
@@ -132,6 +147,20 @@ void linear_forward(const float* x, int64_t n_rows, const LinearWeight& w, float
   } else {
     ref::matmul(x, n_rows, w.dense, y);
   }
+}
+
+void embedding_lookup(const LinearWeight& table, std::span<const int32_t> tokens, float* out) {
+  if (table.kind == LinearWeight::Kind::kGptq) {
+    ref::embedding_lookup(table.gptq, tokens, out);
+  } else {
+    ref::embedding_lookup(table.dense, tokens, out);
+  }
+}
+
+int64_t embedding_row_bytes(const LinearWeight& table) {
+  if (table.kind == LinearWeight::Kind::kDense) return table.dense.cols * static_cast<int64_t>(dtype_size(table.dense.dtype));
+  const ref::GptqMatrix& g = table.gptq;  // codes, plus a scale and a zero point per group
+  return g.cols * g.bits / 8 + g.n_groups() * (16 + g.bits) / 8;
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const fs::path& path, const ModelLoadOptions& options) {
@@ -175,7 +204,7 @@ Status LlamaModel::bind_weights() {
   const LlamaConfig& c = config_;
   const TensorSource& ck = *source_;
   const int64_t h = c.hidden_size;
-  PETREL_ASSIGN_OR_RETURN(weights_.embed_tokens, dense_from(ck, "model.embed_tokens.weight", {c.vocab_size, h}));
+  PETREL_ASSIGN_OR_RETURN(weights_.embed_tokens, embedding_from(ck, c));
   weights_.layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -192,7 +221,11 @@ Status LlamaModel::bind_weights() {
   }
   PETREL_ASSIGN_OR_RETURN(weights_.final_norm, dense_from(ck, "model.norm.weight", {h}));
   if (c.tie_word_embeddings) {
-    weights_.lm_head.dense = weights_.embed_tokens;  // transformers ties lm_head to the embedding
+    if (weights_.embed_tokens.kind != LinearWeight::Kind::kDense) {
+      return invalid_data(ck.describe() + ": tie_word_embeddings is true but the embedding is quantized (a "
+                          "quantized tied model is written untied, with its own lm_head)");
+    }
+    weights_.lm_head = weights_.embed_tokens;  // transformers ties lm_head to the embedding
   } else {
     PETREL_ASSIGN_OR_RETURN(weights_.lm_head, linear_from(ck, c, "lm_head", c.vocab_size, h));
   }
@@ -241,7 +274,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, Logi
   std::vector<float> cos(n * half), sin(n * half);
   rope_cos_sin(inv_freq_, first_pos, n, cos.data(), sin.data());
 
-  ref::embedding_lookup(weights_.embed_tokens, tokens, x.data());
+  embedding_lookup(weights_.embed_tokens, tokens, x.data());
   observe("embed", x.data(), h);
   const float eps = static_cast<float>(c.rms_norm_eps);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

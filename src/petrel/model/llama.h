@@ -38,6 +38,12 @@ struct LinearWeight {
 // y[n_rows, out] = x[n_rows, in] W^T with the reference kernels.
 void linear_forward(const float* x, int64_t n_rows, const LinearWeight& w, float* y);
 
+// out[i, :] = row tokens[i] of an embedding table, dense or quantized (rows = vocabulary), widened to float32.
+// Token ids must be in [0, table.out_features()).
+void embedding_lookup(const LinearWeight& table, std::span<const int32_t> tokens, float* out);
+// The bytes of one table row as stored (what a token's lookup reads).
+int64_t embedding_row_bytes(const LinearWeight& table);
+
 struct LlamaLayerWeights {
   ref::DenseMatrix input_norm;      // [1, hidden]
   LinearWeight q_proj;              // [n_heads * head_dim, hidden]
@@ -51,10 +57,16 @@ struct LlamaLayerWeights {
 };
 
 struct LlamaWeights {
-  ref::DenseMatrix embed_tokens;  // [vocab, hidden]
+  LinearWeight embed_tokens;  // [vocab, hidden]: dense, or GPTQ (petrel quantize --embedding-bits)
   std::vector<LlamaLayerWeights> layers;
   ref::DenseMatrix final_norm;  // [1, hidden]
-  LinearWeight lm_head;         // [vocab, hidden]; the embedding table when tied
+  LinearWeight lm_head;         // [vocab, hidden]; the (dense) embedding table when tied
+
+  // True when the LM head is the embedding table itself (tie_word_embeddings, head not quantized).
+  bool head_is_embedding() const {
+    return lm_head.kind == LinearWeight::Kind::kDense && embed_tokens.kind == LinearWeight::Kind::kDense &&
+           lm_head.dense.data == embed_tokens.dense.data;
+  }
 };
 
 enum class LogitsMode {

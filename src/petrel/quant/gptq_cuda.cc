@@ -241,7 +241,7 @@ CudaCalibration::~CudaCalibration() = default;
 
 Result<std::unique_ptr<CudaCalibration>> CudaCalibration::create(const LlamaConfig& config,
                                                                  const std::vector<std::vector<int32_t>>& samples,
-                                                                 const TensorView& embed,
+                                                                 const EmbedRows& embed,
                                                                  const std::vector<float>& rope_cos,
                                                                  const std::vector<float>& rope_sin) {
   if (samples.empty()) return invalid_argument("GPTQ calibration on CUDA: no calibration samples");
@@ -283,10 +283,9 @@ Result<std::unique_ptr<CudaCalibration>> CudaCalibration::create(const LlamaConf
     PETREL_ASSIGN_OR_RETURN(m.w[i], allocate(floats(out_features[i] * in_features[i]), what + ": layer weights"));
   }
   // The embedded windows, one at a time through host memory.
-  const ref::DenseMatrix table{embed.dtype, config.vocab_size, h, embed.data};
   std::vector<float> window(m.seq_len * h);
   for (int64_t s = 0; s < m.n_samples; ++s) {
-    ref::embedding_lookup(table, samples[s], window.data());
+    embed(samples[s], window.data());
     PETREL_RETURN_IF_ERROR(m.x.upload(window.data(), floats(window.size()), floats(s * m.seq_len * h)));
   }
   return std::unique_ptr<CudaCalibration>(new CudaCalibration(std::move(impl)));

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -96,11 +97,13 @@ class CudaCalibration {
  public:
   // The linears of a decoder layer, in this order (quantize_checkpoint's kLinearNames).
   static constexpr int kLinears = 7;
-  // samples: token windows of equal length (already checked against the vocabulary); embed: the embedding
-  // table [vocab, hidden]; rope_cos / rope_sin: [seq_len, head_dim / 2] from rope_cos_sin.
+  // Writes the embedding rows of `tokens` to out[tokens.size(), hidden] (float or quantized table).
+  using EmbedRows = std::function<void(std::span<const int32_t> tokens, float* out)>;
+  // samples: token windows of equal length (already checked against the vocabulary); embed: their embedding
+  // rows; rope_cos / rope_sin: [seq_len, head_dim / 2] from rope_cos_sin.
   static Result<std::unique_ptr<CudaCalibration>> create(const LlamaConfig& config,
                                                          const std::vector<std::vector<int32_t>>& samples,
-                                                         const TensorView& embed, const std::vector<float>& rope_cos,
+                                                         const EmbedRows& embed, const std::vector<float>& rope_cos,
                                                          const std::vector<float>& rope_sin);
   ~CudaCalibration();
 

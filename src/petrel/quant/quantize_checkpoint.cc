@@ -135,6 +135,18 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     PETREL_RETURN_IF_ERROR(validate_scheme(options.scheme, in_features[i], kLinearNames[i]));
   }
   if (options.quantize_lm_head) PETREL_RETURN_IF_ERROR(validate_scheme(options.lm_head_scheme, h, "lm_head"));
+  if (options.quantize_embedding) {
+    PETREL_RETURN_IF_ERROR(validate_scheme(options.embedding_scheme, h, "model.embed_tokens"));
+    if (c.vocab_size % (32 / options.embedding_scheme.bits) != 0) {
+      return invalid_argument("model.embed_tokens: the vocabulary (" + std::to_string(c.vocab_size) +
+                              ") is not a multiple of " + std::to_string(32 / options.embedding_scheme.bits) +
+                              ", which GPTQ's zero-point packing needs");
+    }
+    if (c.tie_word_embeddings && !options.quantize_lm_head) {
+      return invalid_argument("quantizing the embedding of a tied model needs a quantized LM head too (the float "
+                              "head would be the quantized table); leave --embedding-bits at 16 or quantize the head");
+    }
+  }
   const bool gptq = options.method == QuantMethod::kGptq;
   if (options.device == QuantDevice::kCuda && !cuda_gptq_available()) {
     return unsupported("quantize on CUDA: " + cuda_gptq_unavailable_reason() + " (use --device cpu)");
@@ -145,7 +157,11 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
   // The output tensor list, in the order it is produced.
   std::vector<TensorSpec> specs;
   PETREL_ASSIGN_OR_RETURN(TensorView embed, ckpt.tensor("model.embed_tokens.weight", {c.vocab_size, h}));
-  specs.push_back({"model.embed_tokens.weight", embed.dtype, embed.shape});
+  if (options.quantize_embedding) {
+    add_gptq_specs(specs, "model.embed_tokens", c.vocab_size, h, options.embedding_scheme);
+  } else {
+    specs.push_back({"model.embed_tokens.weight", embed.dtype, embed.shape});
+  }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
@@ -168,6 +184,18 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     specs.push_back({"lm_head.weight", head.dtype, head.shape});
   }
 
+  // The embedding, quantized first when asked, so that GPTQ calibrates on the table the model will use.
+  GptqTensors embed_q;
+  if (options.quantize_embedding) {
+    PETREL_ASSIGN_OR_RETURN(embed_q, rtn_streaming(embed, options.embedding_scheme));
+  }
+  const ref::DenseMatrix embed_float{embed.dtype, c.vocab_size, h, embed.data};
+  const ref::GptqMatrix embed_codes = options.quantize_embedding ? embed_q.view() : ref::GptqMatrix{};
+  auto embed_rows = [&](std::span<const int32_t> tokens, float* x) {
+    if (options.quantize_embedding) ref::embedding_lookup(embed_codes, tokens, x);
+    else ref::embedding_lookup(embed_float, tokens, x);
+  };
+
   // Calibration (GPTQ): token windows, embedded (in host memory, or in device memory on CUDA).
   Calibration calib;
   std::unique_ptr<CudaCalibration> gpu;
@@ -188,11 +216,10 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     rope_sin.resize(rope_cos.size());
     rope_cos_sin(inv_freq, 0, calib.seq_len, rope_cos.data(), rope_sin.data());
     if (use_cuda) {
-      PETREL_ASSIGN_OR_RETURN(gpu, CudaCalibration::create(c, samples, embed, rope_cos, rope_sin));
+      PETREL_ASSIGN_OR_RETURN(gpu, CudaCalibration::create(c, samples, embed_rows, rope_cos, rope_sin));
     } else {
       calib.x.resize(calib.n_samples * calib.seq_len * h);
-      ref::DenseMatrix table{embed.dtype, c.vocab_size, h, embed.data};
-      for (int64_t s = 0; s < calib.n_samples; ++s) ref::embedding_lookup(table, samples[s], calib.sample(s));
+      for (int64_t s = 0; s < calib.n_samples; ++s) embed_rows(samples[s], calib.sample(s));
     }
   }
 
@@ -203,7 +230,12 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
   const int64_t n_layers = options.max_layers >= 0 ? std::min(options.max_layers, c.num_hidden_layers) : c.num_hidden_layers;
   // Progress in units of "linear layers done": 7 per decoder layer plus the LM head.
   ProgressBar progress(std::string("quantize ") + method_name(options.method), 7.0 * n_layers + 1, options.show_progress);
-  PETREL_RETURN_IF_ERROR(copy_tensor(*writer, ckpt, "model.embed_tokens.weight"));
+  if (options.quantize_embedding) {
+    PETREL_RETURN_IF_ERROR(write_gptq(*writer, "model.embed_tokens", embed_q));
+    embed_q = GptqTensors{};  // calibration has embedded its windows
+  } else {
+    PETREL_RETURN_IF_ERROR(copy_tensor(*writer, ckpt, "model.embed_tokens.weight"));
+  }
 
   const int64_t T = calib.seq_len;
   std::vector<float> normed, q, k, v, attn, proj, gate, up;
@@ -393,18 +425,20 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
   qc["sym"] = options.scheme.symmetric;
   qc["checkpoint_format"] = "gptq";
   qc["lm_head"] = options.quantize_lm_head;
-  if (options.quantize_lm_head) {
-    // GPTQModel / vLLM per-module overrides: the LM head has its own bits and group size.
-    qc["dynamic"] = {{"+:lm_head", {{"bits", options.lm_head_scheme.bits},
-                                    {"group_size", options.lm_head_scheme.group_size <= 0 ? -1 : options.lm_head_scheme.group_size},
-                                    {"sym", options.lm_head_scheme.symmetric}}}};
-  }
+  // GPTQModel / vLLM per-module overrides: the LM head (and petrel's quantized embedding) have their own bits
+  // and group size.
+  auto override_of = [](const QuantScheme& s) {
+    return ojson{{"bits", s.bits}, {"group_size", s.group_size <= 0 ? -1 : s.group_size}, {"sym", s.symmetric}};
+  };
+  if (options.quantize_lm_head) qc["dynamic"]["+:lm_head"] = override_of(options.lm_head_scheme);
+  if (options.quantize_embedding) qc["dynamic"]["+:model.embed_tokens"] = override_of(options.embedding_scheme);
   ojson recipe;
   recipe["method"] = method_name(options.method);
   recipe["scheme"] = options.scheme.to_string();
   recipe["clip_search"] = options.scheme.clip_search;
   recipe["lm_head"] = options.quantize_lm_head ? options.lm_head_scheme.to_string() : "unquantized";
-  recipe["embedding"] = std::string(dtype_name(embed.dtype));
+  recipe["embedding"] = options.quantize_embedding ? options.embedding_scheme.to_string() + " rtn"
+                                                   : std::string(dtype_name(embed.dtype));
   if (gptq) {
     std::vector<std::string> files;
     for (const auto& f : options.calibration.files) files.push_back(f.filename().string());

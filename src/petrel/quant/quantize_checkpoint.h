@@ -7,7 +7,8 @@
 // quantized ones: "true sequential"), and the quantized layer's outputs feed the next layer.
 //
 // Output (docs/QUANTIZATION.md): per linear `qweight`/`qzeros`/`scales`/`g_idx` (GPTQ v1, loadable by vLLM
-// and transformers), norms and embedding in the source dtype, the LM head 8-bit per channel by default,
+// and transformers), norms and embedding in the source dtype (the embedding optionally RTN-quantized, a petrel
+// extension), the LM head 8-bit per channel by default,
 // `quantization_config` in config.json with petrel's recipe under "petrel". Written to a temporary
 // directory renamed into place when complete.
 #pragma once
@@ -37,6 +38,10 @@ struct QuantizeOptions {
   QuantScheme scheme;  // decoder linears; default: 4-bit symmetric per output channel (Qualcomm's W4A16)
   bool quantize_lm_head = true;
   QuantScheme lm_head_scheme{8, -1, true};
+  // The embedding table, RTN per token row (a lookup has no input Hessian for GPTQ to use). Off by default:
+  // GPTQ loaders other than petrel (vLLM, transformers) expect a float embedding.
+  bool quantize_embedding = false;
+  QuantScheme embedding_scheme{8, -1, true};
   CalibrationOptions calibration;  // GPTQ only
   GptqOptions gptq;
   uint64_t max_shard_bytes = 5'000'000'000;

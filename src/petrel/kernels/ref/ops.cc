@@ -189,4 +189,8 @@ void GptqMatrix::row_to_f32(int64_t r, float* out) const {
 
 void matmul(const float* x, int64_t n_rows, const GptqMatrix& w, float* y) { matmul_rows(x, n_rows, w, y); }
 
+void embedding_lookup(const GptqMatrix& table, std::span<const int32_t> tokens, float* out) {
+  for (size_t i = 0; i < tokens.size(); ++i) table.row_to_f32(tokens[i], out + i * table.cols);
+}
+
 }  // namespace petrel::ref

@@ -99,4 +99,8 @@ struct GptqMatrix {
 // y[n_rows, w.rows] = x[n_rows, w.cols] * dequant(w)^T, dequantizing on the fly.
 void matmul(const float* x, int64_t n_rows, const GptqMatrix& w, float* y);
 
+// out[i, :] = dequant(table)[tokens[i], :] for a quantized embedding table ([vocab, hidden] stored as a GPTQ
+// matrix with rows = vocabulary; see docs/QUANTIZATION.md). Token ids must be in [0, table.rows).
+void embedding_lookup(const GptqMatrix& table, std::span<const int32_t> tokens, float* out);
+
 }  // namespace petrel::ref
