@@ -10,6 +10,7 @@ BUILD/pyenv.
 
 Usage: openai_client_test.py PETREL_BINARY MODEL_DIR
 """
+import json
 import os
 import re
 import subprocess
@@ -124,6 +125,19 @@ def main():
               and len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
               and echoed.choices[0].text.startswith("The history of"),
               "completions: echo with logprobs scores every prompt token after the first")
+
+        # JSON mode: an answer that ends is one JSON object (Python's json module as the judge).
+        for seed in (1, 2, 3):
+            answer = client.chat.completions.create(model="x", messages=messages, max_tokens=80, temperature=1.0,
+                                                    seed=seed, response_format={"type": "json_object"})
+            content = answer.choices[0].message.content
+            if answer.choices[0].finish_reason == "stop":
+                try:
+                    check(isinstance(json.loads(content), dict), f"json mode (seed {seed}): an object")
+                except ValueError:
+                    check(False, f"json mode (seed {seed}): {content!r} parses")
+            else:
+                check(content.lstrip().startswith("{"), f"json mode (seed {seed}): cut off at max_tokens, an object's start")
 
         after = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
         check(after.choices[0].message.content == choice.message.content, "still serving, same greedy answer")

@@ -205,6 +205,8 @@ TEST(ChatRequest, ParsesWhatClientsSend) {
   EXPECT_EQ(c.reasoning, text::ReasoningMode::kOn);
   auto off = parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": false}})", {});
   EXPECT_EQ(std::get<ChatRequest>(off).reasoning, text::ReasoningMode::kOff);
+  auto json_mode = parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", {});
+  EXPECT_TRUE(std::get<ChatRequest>(json_mode).json_object);
 }
 
 TEST(ChatRequest, RefusesBadInputNamingTheKey) {
@@ -233,6 +235,8 @@ TEST(ChatRequest, RefusesBadInputNamingTheKey) {
       {"{" + user + R"(, "tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]})", "tool_choice"},
       {"{" + user + R"(, "reasoning": "maybe"})", "reasoning"},
       {"{" + user + R"(, "reasoning_effort": "extreme"})", "reasoning_effort"},
+      {"{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {}}})", "response_format"},
+      {"{" + user + R"(, "response_format": "json"})", "response_format"},
   };
   for (const Case& c : cases) {
     const ApiError e = request_error(c.body);

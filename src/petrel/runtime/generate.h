@@ -84,6 +84,16 @@ class CudaForward final : public ForwardPass {
   int64_t context_length_;
 };
 
+// Restricts what may be sampled (JSON mode, runtime/json_constraint.h): mask() sets the logits of the tokens that
+// may not come next to -infinity, accept() is told each token chosen. Log-probabilities are then those of the
+// masked logits.
+class LogitConstraint {
+ public:
+  virtual ~LogitConstraint() = default;
+  virtual void mask(std::span<float> logits) = 0;
+  virtual void accept(int32_t token) = 0;
+};
+
 // A token's log-probability under the model: the log-softmax of the raw logits (before temperature, penalties
 // and top-k/top-p: what vLLM reports by default and what a scoring harness needs), and the most likely tokens.
 struct TokenLogprobs {
@@ -107,6 +117,8 @@ struct GenerateOptions {
   // The same for the new prompt tokens: each one's given those before it, from the second on (the first has no
   // logits before it in this call). The prompt then runs with every position's logits, chunk by chunk.
   int prompt_logprobs = -1;
+  // When set, every token is sampled from the logits it leaves (all logits then come to the host).
+  LogitConstraint* constraint = nullptr;
 };
 
 struct GenerateStats {

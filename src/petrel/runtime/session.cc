@@ -179,6 +179,7 @@ Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const
   options.logprobs = config.logprobs;
   options.on_logprobs = config.on_logprobs;
   options.prompt_logprobs = config.prompt_logprobs;
+  options.constraint = config.constraint;
 
   // Text: decoded as it streams, held back while it may still become a stop string.
   QueryResult result;

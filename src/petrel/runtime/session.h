@@ -51,6 +51,7 @@ struct GenerationConfig {
   int logprobs = -1;
   std::function<void(const TokenLogprobs&)> on_logprobs;
   int prompt_logprobs = -1;
+  LogitConstraint* constraint = nullptr;  // GenerateOptions::constraint (JSON mode); owned by the caller
 };
 
 // Timings of one query; rates follow Genie's definitions (see profile.h).

@@ -374,8 +374,19 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   if (auto e = get_integer(j, "top_logprobs", 0, 20, top_logprobs)) return *e;
   if (top_logprobs && !logprobs) return bad("top_logprobs", "needs \"logprobs\": true");
   if (logprobs) r.logprobs = static_cast<int>(top_logprobs.value_or(0));
-  if (j.contains("response_format") && j["response_format"].is_object() && j["response_format"].value("type", "text") != "text") {
-    return bad("response_format", "only {\"type\": \"text\"} is supported");
+  if (j.contains("response_format") && !j["response_format"].is_null()) {
+    const ojson& f = j["response_format"];
+    const ojson type = f.is_object() && f.contains("type") ? f["type"] : ojson();
+    if (!type.is_string()) return bad("response_format", "expected {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+    if (type == "json_object") {
+      r.json_object = true;
+    } else if (type != "text") {
+      return bad("response_format", "type '" + type.get<std::string>() + "' is not supported (text and json_object are; "
+                                    "json_schema needs schema-constrained decoding, which petrel does not have yet)");
+    }
+    if (r.json_object && (r.tool_choice == "required" || r.forced_function)) {
+      return bad("response_format", "json_object cannot be combined with tool_choice \"required\" or a named function");
+    }
   }
   // The reasoning switch, three spellings.
   if (j.contains("reasoning_effort") && j["reasoning_effort"].is_string()) {
@@ -432,6 +443,7 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
   turn.prompt.prefill_empty_thinking_when_off = options.prefill_empty_thinking_when_off;
   turn.generation = generation_config(request, options);
   if (const std::string stop = tool_call_stop_string(format); !stop.empty()) turn.generation.stop_strings.push_back(stop);
+  turn.json_object = request.json_object;
   if (use_tools && (request.tool_choice == "required" || request.forced_function)) {
     turn.output_prefix = tool_call_opener(format, request.forced_function ? request.tool_choice : "");
   }

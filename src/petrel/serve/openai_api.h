@@ -10,8 +10,9 @@
 // max_tokens / max_completion_tokens, temperature, top_p, top_k (an extension, as vLLM), seed, stop (a string or
 // up to 4), presence_penalty, frequency_penalty, n (1 only), and the reasoning switch: "reasoning": "on"|"off"|
 // "default" (petrel), chat_template_kwargs.enable_thinking (vLLM's convention) or reasoning_effort ("none" or
-// "minimal" off, "low"/"medium"/"high" on). n > 1 and response_format other than text are refused with a 400
-// instead of being silently ignored.
+// "minimal" off, "low"/"medium"/"high" on), response_format {"type": "text"} or {"type": "json_object"} (JSON
+// mode: constrained decoding). n > 1 and response_format json_schema are refused with a 400 instead of being
+// silently ignored.
 //
 // The answer: message.content (null when the answer is only tool calls), message.reasoning_content (the text
 // inside <think>...</think>, vLLM's field), message.tool_calls ({id, type: "function", function: {name,
@@ -72,6 +73,7 @@ struct ChatRequest : SamplingRequest {
   nlohmann::ordered_json tools;  // null or a non-empty array of {"type": "function", "function": {...}}
   std::string tool_choice = "auto";  // "none", "auto", "required"; or a function's name (the call is required)
   bool forced_function = false;      // tool_choice named a function
+  bool json_object = false;          // response_format {"type": "json_object"}: the answer is one JSON object
   text::ReasoningMode reasoning = text::ReasoningMode::kDefault;
 };
 
@@ -112,6 +114,8 @@ struct ChatTurn {
   // When set (tool_choice "required" or a named function: tool_call_opener), the answer is made to begin with this
   // text, after the reasoning when the model reasons first; the generator reports it as output text.
   std::string output_prefix;
+  // JSON mode: generation constrained to one JSON object (runtime/json_constraint.h), from the first token.
+  bool json_object = false;
 };
 
 // One token's log-probability as the API reports it.

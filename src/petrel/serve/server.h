@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "petrel/runtime/json_constraint.h"
 #include "petrel/runtime/session.h"
 #include "petrel/serve/openai_api.h"
 #include "petrel/util/status.h"
@@ -55,6 +56,7 @@ class EngineGenerator : public ChatGenerator {
 
   std::shared_ptr<const Engine> engine_;
   std::unique_ptr<Session> session_;
+  std::shared_ptr<const JsonTokenTable> json_tokens_;  // JSON mode's token bytes, built at its first use
 };
 
 struct ServerOptions {

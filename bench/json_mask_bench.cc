@@ -1,0 +1,71 @@
+// petrel_bench_json_mask: JSON mode's per-token cost (runtime/json_constraint.h) on the Llama 3.1 tokenizer
+// (128,256 tokens): JsonObjectConstraint::mask at the states a JSON answer passes through, beside a plain copy
+// of the logits for scale. Median of --reps calls, microseconds. Building the token table is timed once.
+//
+//   petrel_bench_json_mask [--tokenizer DIR] [--reps N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "petrel/runtime/json_constraint.h"
+
+namespace {
+
+double median_us(int reps, const std::function<void()>& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir = PETREL_BENCH_TOKENIZER_DIR;
+  int reps = 50;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--tokenizer" && i + 1 < argc) dir = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: petrel_bench_json_mask [--tokenizer DIR] [--reps N]\n");
+      return 2;
+    }
+  }
+  auto tokenizer = petrel::Tokenizer::load(dir);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "%s\n", tokenizer.status().to_string().c_str());
+    return 1;
+  }
+  const int32_t vocab = tokenizer->vocab_size();
+  const auto start = std::chrono::steady_clock::now();
+  auto table = petrel::JsonTokenTable::build(*tokenizer, vocab);
+  std::printf("token table: %d tokens in %.1f ms\n", vocab,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
+  std::vector<float> logits(static_cast<size_t>(vocab), 1.0f), work(logits.size());
+  std::printf("| state (text so far) | mask us | tokens allowed |\n|---|---:|---:|\n");
+  const std::pair<const char*, const char*> states[] = {
+      {"start", ""}, {"after '{'", "{"}, {"in a key", "{\"na"}, {"after ':'", "{\"name\": "},
+      {"in a string value", "{\"name\": \"Par"}, {"in a number", "{\"n\": 12"}, {"after a value", "{\"n\": 12, \"a\": true"}};
+  for (const auto& [name, text] : states) {
+    petrel::JsonObjectConstraint constraint(table, {128009});
+    auto ids = tokenizer->encode(text, petrel::EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
+    for (int32_t id : *ids) constraint.accept(id);
+    const double us = median_us(reps, [&] {
+      work = logits;
+      constraint.mask(work);
+    });
+    const auto allowed = std::count_if(work.begin(), work.end(), [](float v) { return v > -1e30f; });
+    std::printf("| %s (`%s`) | %.0f | %lld |\n", name, text, us, static_cast<long long>(allowed));
+  }
+  std::printf("| copy of the logits alone | %.0f | |\n", median_us(reps, [&] { work = logits; }));
+  return 0;
+}

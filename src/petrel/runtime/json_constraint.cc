@@ -1,0 +1,362 @@
+#include "petrel/runtime/json_constraint.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#include "petrel/util/parallel.h"
+
+namespace petrel {
+
+namespace {
+
+bool is_whitespace(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+int hex_value(unsigned char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Whole UTF-8 characters with no quote, backslash or control byte: text that leaves a plain string plain.
+bool plain_string_bytes(std::string_view bytes) {
+  if (bytes.empty()) return false;
+  JsonPrefix probe;
+  // A string context: '{"' puts the automaton inside a key.
+  probe.feed(std::string_view("{\"", 2));
+  for (unsigned char c : bytes) {
+    if (c == '"' || c == '\\' || c < 0x20) return false;
+    if (!probe.feed(c)) return false;
+  }
+  return probe.in_plain_string();
+}
+
+}  // namespace
+
+bool JsonPrefix::feed(unsigned char c) {
+  const JsonPrefix saved = *this;
+  if (step(c)) return true;
+  *this = saved;
+  return false;
+}
+
+bool JsonPrefix::feed(std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    if (!step(c)) return false;
+  }
+  return true;
+}
+
+bool JsonPrefix::after_value() {
+  mode_ = depth_ == 0 ? Mode::kDone : Mode::kCommaOrClose;
+  return true;
+}
+
+bool JsonPrefix::end_number(unsigned char c) {
+  after_value();  // numbers only occur inside a container: this is kCommaOrClose
+  return step(c);
+}
+
+bool JsonPrefix::open_value(unsigned char c) {
+  switch (c) {
+    case '{':
+    case '[':
+      if (depth_ >= kMaxDepth) return false;
+      stack_[depth_++] = static_cast<char>(c);
+      mode_ = c == '{' ? Mode::kKeyOrClose : Mode::kValueOrClose;
+      return true;
+    case '"':
+      mode_ = Mode::kString;
+      string_is_key_ = false;
+      return true;
+    case '-': mode_ = Mode::kNumMinus; return true;
+    case '0': mode_ = Mode::kNumZero; return true;
+    case 't': literal_ = "rue"; mode_ = Mode::kLiteral; return true;
+    case 'f': literal_ = "alse"; mode_ = Mode::kLiteral; return true;
+    case 'n': literal_ = "ull"; mode_ = Mode::kLiteral; return true;
+    default:
+      if (c >= '1' && c <= '9') {
+        mode_ = Mode::kNumInt;
+        return true;
+      }
+      return false;
+  }
+}
+
+bool JsonPrefix::string_byte(unsigned char c) {
+  if (need_low_surrogate_ && c != '\\') return false;  // a high surrogate escape needs its low half next
+  if (utf8_left_ > 0) {
+    if (c < utf8_lo_ || c > utf8_hi_) return false;
+    --utf8_left_;
+    utf8_lo_ = 0x80;
+    utf8_hi_ = 0xBF;
+    return true;
+  }
+  if (c == '"') {
+    if (string_is_key_) {
+      mode_ = Mode::kColon;
+      return true;
+    }
+    return after_value();
+  }
+  if (c == '\\') {
+    mode_ = Mode::kEscape;
+    return true;
+  }
+  if (c < 0x20) return false;
+  if (c < 0x80) return true;
+  // A lead byte: how many continuation bytes follow, and the range of the first (RFC 3629's table).
+  if (c >= 0xC2 && c <= 0xDF) {
+    utf8_left_ = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    utf8_left_ = 2;
+    if (c == 0xE0) utf8_lo_ = 0xA0;
+    if (c == 0xED) utf8_hi_ = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    utf8_left_ = 3;
+    if (c == 0xF0) utf8_lo_ = 0x90;
+    if (c == 0xF4) utf8_hi_ = 0x8F;  // nothing above U+10FFFF
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool JsonPrefix::whitespace() {
+  if (++ws_run_ > kMaxWhitespaceRun) return false;
+  return true;
+}
+
+bool JsonPrefix::step(unsigned char c) {
+  switch (mode_) {
+    case Mode::kString: return string_byte(c);
+    case Mode::kEscape:
+      if (need_low_surrogate_ && c != 'u') return false;
+      if (c == 'u') {
+        mode_ = Mode::kUnicode;
+        unicode_left_ = 4;
+        unicode_value_ = 0;
+        return true;
+      }
+      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+        mode_ = Mode::kString;
+        return true;
+      }
+      return false;
+    case Mode::kUnicode: {
+      const int v = hex_value(c);
+      if (v < 0) return false;
+      unicode_value_ = static_cast<uint16_t>(unicode_value_ * 16 + v);
+      if (--unicode_left_ > 0) return true;
+      const bool high = unicode_value_ >= 0xD800 && unicode_value_ <= 0xDBFF;
+      const bool low = unicode_value_ >= 0xDC00 && unicode_value_ <= 0xDFFF;
+      if (need_low_surrogate_) {
+        if (!low) return false;
+        need_low_surrogate_ = false;
+      } else if (low) {
+        return false;  // a low surrogate with no high one before it
+      } else if (high) {
+        need_low_surrogate_ = true;
+      }
+      mode_ = Mode::kString;
+      return true;
+    }
+    case Mode::kLiteral:
+      if (static_cast<unsigned char>(*literal_) != c) return false;
+      ++literal_;
+      return *literal_ == '\0' ? after_value() : true;
+    case Mode::kNumMinus:
+      if (c == '0') mode_ = Mode::kNumZero;
+      else if (c >= '1' && c <= '9') mode_ = Mode::kNumInt;
+      else return false;
+      return true;
+    case Mode::kNumZero:
+      if (c == '.') mode_ = Mode::kNumDot;
+      else if (c == 'e' || c == 'E') mode_ = Mode::kNumExp;
+      else return end_number(c);
+      return true;
+    case Mode::kNumInt:
+      if (is_digit(c)) return true;
+      if (c == '.') mode_ = Mode::kNumDot;
+      else if (c == 'e' || c == 'E') mode_ = Mode::kNumExp;
+      else return end_number(c);
+      return true;
+    case Mode::kNumDot:
+      if (!is_digit(c)) return false;
+      mode_ = Mode::kNumFrac;
+      return true;
+    case Mode::kNumFrac:
+      if (is_digit(c)) return true;
+      if (c == 'e' || c == 'E') {
+        mode_ = Mode::kNumExp;
+        return true;
+      }
+      return end_number(c);
+    case Mode::kNumExp:
+      if (c == '+' || c == '-') mode_ = Mode::kNumExpSign;
+      else if (is_digit(c)) mode_ = Mode::kNumExpDigits;
+      else return false;
+      return true;
+    case Mode::kNumExpSign:
+      if (!is_digit(c)) return false;
+      mode_ = Mode::kNumExpDigits;
+      return true;
+    case Mode::kNumExpDigits:
+      if (is_digit(c)) return true;
+      return end_number(c);
+    case Mode::kDone: return false;
+    default: break;
+  }
+  // Between tokens of the structure.
+  if (is_whitespace(c)) return whitespace();
+  ws_run_ = 0;
+  switch (mode_) {
+    case Mode::kStart:
+      if (c != '{') return false;
+      stack_[depth_++] = '{';
+      mode_ = Mode::kKeyOrClose;
+      return true;
+    case Mode::kValue: return open_value(c);
+    case Mode::kValueOrClose:
+      if (c == ']') {
+        --depth_;
+        return after_value();
+      }
+      return open_value(c);
+    case Mode::kKeyOrClose:
+      if (c == '}') {
+        --depth_;
+        return after_value();
+      }
+      [[fallthrough]];
+    case Mode::kKey:
+      if (c != '"') return false;
+      mode_ = Mode::kString;
+      string_is_key_ = true;
+      return true;
+    case Mode::kColon:
+      if (c != ':') return false;
+      mode_ = Mode::kValue;
+      return true;
+    case Mode::kCommaOrClose: {
+      const char top = stack_[depth_ - 1];
+      if (c == ',') {
+        mode_ = top == '{' ? Mode::kKey : Mode::kValue;
+        return true;
+      }
+      if ((c == '}' && top == '{') || (c == ']' && top == '[')) {
+        --depth_;
+        return after_value();
+      }
+      return false;
+    }
+    default: return false;
+  }
+}
+
+std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tokenizer, int32_t vocab_size) {
+  auto table = std::make_shared<JsonTokenTable>();
+  table->kind_.assign(static_cast<size_t>(vocab_size), kSpecial);
+  table->offset_.reserve(static_cast<size_t>(vocab_size) + 1);
+  table->offset_.push_back(0);
+  const int32_t known = std::min(vocab_size, tokenizer.vocab_size());
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    std::optional<std::string> bytes;
+    if (id < known && !tokenizer.is_special(id)) bytes = tokenizer.token_bytes(id);
+    if (bytes && !bytes->empty()) {
+      table->kind_[static_cast<size_t>(id)] = plain_string_bytes(*bytes) ? kPlain : kOther;
+      table->all_bytes_ += *bytes;
+    }
+    table->offset_.push_back(static_cast<uint32_t>(table->all_bytes_.size()));
+  }
+  return table;
+}
+
+JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids)
+    : table_(std::move(table)), end_ids_(std::move(end_ids)) {}
+
+void JsonObjectConstraint::mask(std::span<float> logits) {
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
+  std::vector<std::pair<int32_t, float>> ends;  // the end tokens' own logits
+  for (int32_t id : end_ids_) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) ends.emplace_back(id, logits[static_cast<size_t>(id)]);
+  }
+  const int32_t n = static_cast<int32_t>(std::min<size_t>(logits.size(), static_cast<size_t>(table_->size())));
+  bool any = false;
+  if (!state_.complete()) {
+    const bool plain = state_.in_plain_string();
+    // Tokens are judged by their first two bytes from tables made for this state (most are turned away there,
+    // uncopied); only those that pass are stepped through from the state after their first byte. The vocabulary
+    // is split over the thread pool (free between forward passes), each part with its own second-byte tables.
+    std::array<bool, 256> first_ok;
+    std::array<JsonPrefix, 256> after_first;
+    for (int c = 0; c < 256; ++c) {
+      after_first[static_cast<size_t>(c)] = state_;
+      first_ok[static_cast<size_t>(c)] = after_first[static_cast<size_t>(c)].feed(static_cast<unsigned char>(c));
+    }
+    std::atomic<bool> any_allowed{false};
+    ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
+      std::vector<std::array<bool, 256>> second_ok(256);
+      std::array<bool, 256> second_ready{};
+      bool allowed = false;
+      for (int32_t id = static_cast<int32_t>(begin); id < static_cast<int32_t>(end); ++id) {
+        float& logit = logits[static_cast<size_t>(id)];
+        if (logit == kNever) continue;
+        if (table_->special(id)) {
+          logit = kNever;
+          continue;
+        }
+        if (plain && table_->plain_string_content(id)) {
+          allowed = true;
+          continue;
+        }
+        const std::string_view bytes = table_->bytes(id);
+        const auto c0 = static_cast<unsigned char>(bytes[0]);
+        if (!first_ok[c0]) {
+          logit = kNever;
+          continue;
+        }
+        if (bytes.size() > 1) {
+          if (!second_ready[c0]) {
+            for (int c = 0; c < 256; ++c) {
+              JsonPrefix trial = after_first[c0];
+              second_ok[c0][static_cast<size_t>(c)] = trial.feed(static_cast<unsigned char>(c));
+            }
+            second_ready[c0] = true;
+          }
+          if (!second_ok[c0][static_cast<unsigned char>(bytes[1])]) {
+            logit = kNever;
+            continue;
+          }
+          JsonPrefix trial = after_first[c0];
+          if (!trial.feed(bytes.substr(1))) {
+            logit = kNever;
+            continue;
+          }
+        }
+        allowed = true;
+      }
+      if (allowed) any_allowed.store(true, std::memory_order_relaxed);
+    }, 4096);
+    any = any_allowed.load();
+  } else {
+    std::fill(logits.begin(), logits.begin() + n, kNever);
+  }
+  std::fill(logits.begin() + n, logits.end(), kNever);  // ids the tokenizer does not know
+  // A complete object may only end; a state nothing can continue (it cannot happen with a byte-level
+  // vocabulary, which spells every byte) ends too rather than sampling from nothing.
+  if (state_.complete() || !any) {
+    const bool all_never = std::all_of(ends.begin(), ends.end(), [&](const auto& e) { return e.second == kNever; });
+    for (const auto& [id, value] : ends) logits[static_cast<size_t>(id)] = all_never ? 0.0f : value;
+  }
+}
+
+void JsonObjectConstraint::accept(int32_t token) {
+  if (token < 0 || token >= table_->size() || table_->special(token)) return;
+  state_.feed(table_->bytes(token));
+}
+
+}  // namespace petrel

@@ -1,0 +1,113 @@
+// JSON mode (OpenAI's response_format {"type": "json_object"}): generation constrained so that the answer is one
+// JSON object and nothing else. Before each token is sampled, every token whose bytes cannot continue a valid
+// JSON object is masked out; once the object closes, only an end-of-sequence token may follow.
+//
+// JsonPrefix is the byte-level automaton: it accepts exactly the prefixes of RFC 8259 JSON texts whose top-level
+// value is an object (strings checked as UTF-8 the way strict parsers check them: no overlong forms, surrogates
+// or code points above U+10FFFF; no control characters), with two limits a model needs and a parser does not:
+// nesting at most kMaxDepth, and at most kMaxWhitespaceRun whitespace bytes in a row (a sampled model can
+// otherwise emit whitespace forever). Its state is a small fixed-size value, so trying a token is a copy and a
+// few byte steps.
+//
+// JsonTokenTable holds each token's bytes and a precomputed class (plain string content: no quote, backslash or
+// control byte and whole UTF-8 characters), which lets the mask accept most tokens inside a string without
+// stepping through them; built once per tokenizer.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "petrel/runtime/generate.h"
+#include "petrel/text/tokenizer.h"
+
+namespace petrel {
+
+class JsonPrefix {
+ public:
+  static constexpr int kMaxDepth = 32;
+  static constexpr int kMaxWhitespaceRun = 16;
+
+  // Feeds one byte; false (state unchanged) when no JSON object text continues this way.
+  bool feed(unsigned char c);
+  // Feeds bytes; false when one of them is rejected (the state is then unspecified: feed a copy).
+  bool feed(std::string_view bytes);
+  // The top-level object has closed: the text so far is a complete JSON object.
+  bool complete() const { return mode_ == Mode::kDone; }
+  // Inside a string with no escape or multi-byte character pending: where plain text continues the string.
+  bool in_plain_string() const { return mode_ == Mode::kString && utf8_left_ == 0; }
+
+ private:
+  enum class Mode : uint8_t {
+    kStart,         // before the top-level '{'
+    kValue,         // a value must start (after ':' or ',' in an array)
+    kKeyOrClose,    // after '{': a key or '}'
+    kKey,           // after ',' in an object: a key
+    kColon,         // after a key
+    kCommaOrClose,  // after a value inside a container
+    kValueOrClose,  // after '[': a value or ']'
+    kString,
+    kEscape,
+    kUnicode,  // \uXXXX: hex digits left in unicode_left_
+    kNumMinus, kNumZero, kNumInt, kNumDot, kNumFrac, kNumExp, kNumExpSign, kNumExpDigits,
+    kLiteral,  // true/false/null: literal_ points at the rest
+    kDone,
+  };
+  bool step(unsigned char c);  // feed() without restoring the state on failure
+  bool open_value(unsigned char c);
+  bool after_value();  // a value ended: what follows depends on the container
+  bool end_number(unsigned char c);
+  bool string_byte(unsigned char c);
+  bool whitespace();
+
+  Mode mode_ = Mode::kStart;
+  bool string_is_key_ = false;
+  uint8_t depth_ = 0;
+  uint8_t ws_run_ = 0;
+  uint8_t unicode_left_ = 0;
+  uint16_t unicode_value_ = 0;
+  bool need_low_surrogate_ = false;  // a \uD800-\uDBFF escape must be followed by a \uDC00-\uDFFF one
+  uint8_t utf8_left_ = 0;              // continuation bytes still expected in a string
+  uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // the range of the next continuation byte
+  const char* literal_ = nullptr;
+  std::array<char, kMaxDepth> stack_{};  // '{' or '['
+};
+
+class JsonTokenTable {
+ public:
+  // Token bytes for every id of the vocabulary; special tokens can never be part of the JSON.
+  static std::shared_ptr<const JsonTokenTable> build(const Tokenizer& tokenizer, int32_t vocab_size);
+  int32_t size() const { return static_cast<int32_t>(kind_.size()); }
+  std::string_view bytes(int32_t id) const {
+    const auto i = static_cast<size_t>(id);
+    return std::string_view(all_bytes_).substr(offset_[i], offset_[i + 1] - offset_[i]);
+  }
+  bool special(int32_t id) const { return kind_[static_cast<size_t>(id)] == kSpecial; }
+  bool plain_string_content(int32_t id) const { return kind_[static_cast<size_t>(id)] == kPlain; }
+
+ private:
+  enum Kind : uint8_t { kOther, kPlain, kSpecial };
+  std::string all_bytes_;         // every token's bytes, one after another (the mask scans them in id order)
+  std::vector<uint32_t> offset_;  // [size + 1]
+  std::vector<uint8_t> kind_;
+};
+
+// The constraint over one generation (GenerateOptions::constraint).
+class JsonObjectConstraint final : public LogitConstraint {
+ public:
+  JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids);
+  void mask(std::span<float> logits) override;
+  void accept(int32_t token) override;
+  bool complete() const { return state_.complete(); }
+
+ private:
+  std::shared_ptr<const JsonTokenTable> table_;
+  std::vector<int32_t> end_ids_;
+  JsonPrefix state_;
+};
+
+}  // namespace petrel

@@ -1,0 +1,170 @@
+// JSON mode: the byte automaton against nlohmann::json's parser (an independent strict RFC 8259 parser) on
+// hand-picked and random texts, and constrained generation on tiny-llama31 giving answers that parse.
+#include "petrel/runtime/json_constraint.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "petrel/runtime/session.h"
+#include "test_util.h"
+
+namespace petrel {
+namespace {
+
+bool accepts_whole(const std::string& text) {
+  JsonPrefix p;
+  for (unsigned char c : text) {
+    if (!p.feed(c)) return false;
+  }
+  return p.complete();
+}
+
+// What the automaton is meant to accept: a strict parser's verdict, for texts within its two model limits,
+// whose top-level value is an object and which end with it.
+bool reference_accepts(const std::string& text) {
+  if (!nlohmann::json::accept(text)) return false;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || text[first] != '{') return false;
+  const char last = text.back();
+  return last != ' ' && last != '\t' && last != '\r' && last != '\n';
+}
+
+TEST(JsonPrefix, AcceptsObjectsAndEveryPrefixOfThem) {
+  const std::vector<std::string> valid = {
+      "{}", "{\"a\":1}", " {\"a\": [1, -2.5e+3, 0, 0.25, 1E9, true, false, null]}",
+      "{\"nested\": {\"x\": [[], {}, [{}], \"s\"]}, \"k\": \"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\"}",
+      "{\"emoji\": \"\\ud83d\\ude00\", \"utf8\": \"\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\"}",
+      "{\"a\":\n\t{\"b\" : -0.0e-0}}", "{\"\": \"\", \"\x7F\": 1}"};
+  for (const std::string& text : valid) {
+    ASSERT_TRUE(reference_accepts(text)) << text;
+    JsonPrefix p;
+    for (size_t i = 0; i < text.size(); ++i) {
+      EXPECT_FALSE(p.complete()) << text << " complete after " << i << " bytes";
+      ASSERT_TRUE(p.feed(static_cast<unsigned char>(text[i]))) << text << " rejected at byte " << i;
+    }
+    EXPECT_TRUE(p.complete()) << text;
+    EXPECT_FALSE(p.feed(' ')) << "nothing may follow the object";
+  }
+}
+
+TEST(JsonPrefix, RejectsWhatAStrictParserRejects) {
+  const std::vector<std::string> invalid = {
+      "[1]", "\"s\"", "1", "{\"a\":01}", "{\"a\":1.}", "{\"a\":-}", "{\"a\":.5}", "{\"a\":1e}", "{\"a\":tru}",
+      "{\"a\" 1}", "{,}", "{\"a\":1,}", "{\"a\":[1,]}", "{'a':1}", "{\"a\":\"\x01\"}", "{\"a\":\"\\ud800\"}",
+      "{\"a\":\"\\udc00\"}", "{\"a\":\"\\ud800\\u0041\"}", "{\"a\":\"\xC0\x80\"}", "{\"a\":\"\xED\xA0\x80\"}",
+      "{\"a\":\"\xF4\x90\x80\x80\"}", "{\"a\":\"\xE2\x82\"}", "{\"a\":\"\\x\"}", "{\"a\":+1}", "{\"a\":NaN}",
+      "{\"a\":1}}", "{\"a\":[}", "{\"a\":1]"};
+  for (const std::string& text : invalid) {
+    EXPECT_FALSE(reference_accepts(text)) << text;
+    EXPECT_FALSE(accepts_whole(text)) << text;
+  }
+  // The two limits a model needs: whitespace runs and depth.
+  EXPECT_FALSE(accepts_whole("{" + std::string(JsonPrefix::kMaxWhitespaceRun + 1, ' ') + "}"));
+  EXPECT_TRUE(accepts_whole("{" + std::string(JsonPrefix::kMaxWhitespaceRun, ' ') + "}"));
+  std::string deep = "{\"a\":";
+  for (int i = 1; i < JsonPrefix::kMaxDepth; ++i) deep += "[";
+  EXPECT_FALSE(JsonPrefix().feed(deep + "[")) << "deeper than kMaxDepth";
+}
+
+// Random texts from JSON-ish fragments: the automaton's verdict equals the strict parser's.
+TEST(JsonPrefix, AgreesWithAStrictParserOnRandomTexts) {
+  const std::vector<std::string> pieces = {
+      "{", "}", "[", "]", "\"", "\"a\"", ":", ",", " ", "\n", "0", "1", "9", "-", ".", "e", "E", "+", "true", "fals",
+      "e", "null", "\\", "\\n", "\\u", "00e9", "d83d", "\\ude00", "\xC3\xA9", "\xE2\x82\xAC", "\x80", "\xC3", "\x01",
+      "{\"k\":", "[1,2]", "\"x\":\"y\"", "tru", "nul", "\\\"", "/", "A"};
+  std::mt19937 rng(20261205);
+  int agree_valid = 0, agree_invalid = 0;
+  for (int trial = 0; trial < 200000; ++trial) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng() % 14);
+    if (rng() % 2) text = "{";
+    for (int i = 0; i < n; ++i) text += pieces[rng() % pieces.size()];
+    if (std::count(text.begin(), text.end(), '{') + std::count(text.begin(), text.end(), '[') > JsonPrefix::kMaxDepth) continue;
+    const bool expected = reference_accepts(text);
+    ASSERT_EQ(accepts_whole(text), expected) << text;
+    (expected ? agree_valid : agree_invalid)++;
+  }
+  EXPECT_GT(agree_valid, 100) << "the random texts should hold some valid objects";
+  std::printf("[ json ] %d valid and %d invalid random texts judged as nlohmann::json judges them\n", agree_valid, agree_invalid);
+}
+
+// Random valid objects (random trees, random whitespace), each then changed at one place: the near-misses where
+// an automaton goes wrong. The verdicts again equal the strict parser's.
+TEST(JsonPrefix, AgreesWithAStrictParserOnMutatedObjects) {
+  std::mt19937 rng(5);
+  const std::vector<std::string> scalars = {"0", "-1", "2.5", "-0.5e-3", "1E+2", "true", "false", "null", "\"\"", "\"a b\"",
+                                            "\"\\u00e9\\n\"", "\"\xC3\xA9\"", "\"\\ud83d\\ude00\""};
+  const std::vector<std::string> edits = {"", "{", "}", "[", "]", ",", ":", "\"", "\\", "0", "-", ".", "e", " ", "\x80",
+                                          "\xC3", "\x01", "t", "\\u", "d800"};
+  auto ws = [&] { return std::string(rng() % 3 == 0 ? rng() % 3 : 0, " \n"[rng() % 2]); };
+  std::function<std::string(int)> value = [&](int depth) -> std::string {
+    const unsigned kind = depth > 4 ? 2 : rng() % 3;
+    if (kind == 2) return scalars[rng() % scalars.size()];
+    const bool object = kind == 0;
+    std::string out(1, object ? '{' : '[');
+    const int n = static_cast<int>(rng() % 4);
+    for (int i = 0; i < n; ++i) {
+      if (i) out += ws() + "," + ws();
+      if (object) out += "\"k" + std::to_string(i) + "\"" + ws() + ":" + ws();
+      out += value(depth + 1);
+    }
+    return out + ws() + (object ? '}' : ']');
+  };
+  int valid = 0, invalid = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string text = "{\"v\":" + value(1) + "}";
+    ASSERT_TRUE(reference_accepts(text)) << text;
+    ASSERT_TRUE(accepts_whole(text)) << text;
+    const size_t at = rng() % text.size();
+    const size_t cut = rng() % 2;  // replace one byte, or insert before it
+    text = text.substr(0, at) + edits[rng() % edits.size()] + text.substr(at + cut);
+    if (text.empty()) continue;
+    const bool expected = reference_accepts(text);
+    ASSERT_EQ(accepts_whole(text), expected) << text;
+    (expected ? valid : invalid)++;
+  }
+  std::printf("[ json ] %d valid and %d invalid mutated objects judged as nlohmann::json judges them\n", valid, invalid);
+}
+
+// Constrained sampling on tiny-llama31 (a story model that never writes JSON by itself): every answer that ends
+// is a JSON object; one cut off by max_tokens is a prefix of one.
+TEST(JsonObjectConstraint, SampledAnswersAreJsonObjects) {
+  auto engine = testing::tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(engine->model().config().vocab_size));
+  int finished = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    auto session = Session::create(engine, 512);
+    ASSERT_TRUE(session.ok());
+    JsonObjectConstraint constraint(table, engine->model().config().eos_token_ids);
+    GenerationConfig config;
+    config.sampler.temperature = 1.0f;
+    config.sampler.seed = seed;
+    config.max_new_tokens = 80;
+    config.constraint = &constraint;
+    const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "Give me a JSON object."}}};
+    auto result = (*session)->query(messages, config);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    if (result->reason == StopReason::kEndOfSequence) {
+      ++finished;
+      EXPECT_TRUE(constraint.complete());
+      auto parsed = nlohmann::json::parse(result->text, nullptr, false);
+      ASSERT_FALSE(parsed.is_discarded()) << result->text;
+      EXPECT_TRUE(parsed.is_object()) << result->text;
+    } else {
+      JsonPrefix p;
+      EXPECT_TRUE(p.feed(result->text)) << result->text;
+    }
+  }
+  std::printf("[ json ] %d of 6 sampled answers closed their object within 80 tokens\n", finished);
+}
+
+}  // namespace
+}  // namespace petrel
