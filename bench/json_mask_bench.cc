@@ -2,7 +2,7 @@
 // (128,256 tokens): JsonObjectConstraint::mask at the states a JSON answer passes through, beside a plain copy
 // of the logits for scale. Median of --reps calls, microseconds. Building the token table is timed once.
 //
-//   petrel_bench_json_mask [--tokenizer DIR] [--reps N]
+//   petrel_bench_json_mask [--tokenizer DIR] [--reps N] [--threads N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "petrel/runtime/json_constraint.h"
+#include "petrel/util/parallel.h"
 
 namespace {
 
@@ -35,8 +36,9 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--tokenizer" && i + 1 < argc) dir = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) petrel::ThreadPool::set_global_threads(std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: petrel_bench_json_mask [--tokenizer DIR] [--reps N]\n");
+      std::fprintf(stderr, "usage: petrel_bench_json_mask [--tokenizer DIR] [--reps N] [--threads N]\n");
       return 2;
     }
   }
