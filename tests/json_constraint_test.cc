@@ -133,6 +133,33 @@ TEST(JsonPrefix, AgreesWithAStrictParserOnMutatedObjects) {
   std::printf("[ json ] %d valid and %d invalid mutated objects judged as nlohmann::json judges them\n", valid, invalid);
 }
 
+// A forced tool call's shape: a name from the list, the arguments key, an object, the format's close.
+TEST(CallShape, AcceptsTheToolsCallsAndNothingElse) {
+  CallShapeSpec spec{{"get_weather", "get_time", "search", "get"}, "\", \"arguments\": ", "}]</TOOLCALL>", false};
+  std::sort(spec.names.begin(), spec.names.end());
+  auto accepts = [&](const std::string& text) {
+    CallShape shape(&spec);
+    return shape.feed(text) && shape.complete();
+  };
+  EXPECT_TRUE(accepts("get_time\", \"arguments\": {}}]</TOOLCALL>"));
+  EXPECT_TRUE(accepts("get\", \"arguments\": {\"q\": [1, \"x\"]}}]</TOOLCALL>"));
+  EXPECT_TRUE(accepts("search\", \"arguments\": {\"q\": \"a\\\"b\"}}]</TOOLCALL>"));
+  EXPECT_FALSE(accepts("get_tim\", \"arguments\": {}}]</TOOLCALL>")) << "not a tool's name";
+  EXPECT_FALSE(accepts("fetch\", \"arguments\": {}}]</TOOLCALL>"));
+  EXPECT_FALSE(accepts("search\", \"parameters\": {}}]</TOOLCALL>"));
+  EXPECT_FALSE(accepts("search\", \"arguments\": [1]}]</TOOLCALL>")) << "arguments are an object";
+  EXPECT_FALSE(accepts("search\", \"arguments\": {}}]</TOOLCALL> more"));
+  CallShape partial(&spec);
+  EXPECT_TRUE(partial.feed(std::string("get")));
+  EXPECT_FALSE(partial.complete());
+  EXPECT_FALSE(partial.feed('x'));
+  EXPECT_TRUE(partial.feed('_'));
+  CallShapeSpec named{{"get_weather"}, "\", \"parameters\": ", "}", true};
+  CallShape args(&named);
+  EXPECT_TRUE(args.feed(std::string("{\"city\": \"Paris\"}}")));
+  EXPECT_TRUE(args.complete());
+}
+
 // Constrained sampling on tiny-llama31 (a story model that never writes JSON by itself): every answer that ends
 // is a JSON object; one cut off by max_tokens is a prefix of one.
 TEST(JsonObjectConstraint, SampledAnswersAreJsonObjects) {

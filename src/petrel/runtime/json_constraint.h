@@ -110,4 +110,51 @@ class JsonObjectConstraint final : public LogitConstraint {
   JsonPrefix state_;
 };
 
+// A forced tool call's shape (the server's tool_choice "required" or a named function): after the call's opener,
+// the function name is one of `names` (skipped when starts_at_arguments: the opener already names it), then
+// `after_name` (the closing quote and the arguments key: `", "arguments": `), the arguments as one JSON object,
+// then `close` (the format's end: `}]</TOOLCALL>`), and nothing more.
+struct CallShapeSpec {
+  std::vector<std::string> names;
+  std::string after_name;
+  std::string close;
+  bool starts_at_arguments = false;
+};
+
+// The byte automaton of a CallShapeSpec; cheap to copy (it points at the spec, which must outlive it).
+class CallShape {
+ public:
+  CallShape() = default;
+  explicit CallShape(const CallShapeSpec* spec);  // spec->names sorted
+  bool feed(unsigned char c);          // false, state unchanged, when the shape cannot continue this way
+  bool feed(std::string_view bytes);   // false when a byte is rejected (state then unspecified)
+  bool complete() const { return part_ == Part::kDone; }
+  bool in_plain_string() const { return part_ == Part::kArguments && arguments_.in_plain_string(); }
+
+ private:
+  enum class Part : uint8_t { kName, kAfterName, kArguments, kClose, kDone };
+  bool step(unsigned char c);
+  bool literal_byte(const std::string& literal, unsigned char c, Part next);
+
+  const CallShapeSpec* spec_ = nullptr;
+  Part part_ = Part::kName;
+  uint32_t lo_ = 0, hi_ = 0;  // kName: the names that still match
+  uint32_t offset_ = 0;       // bytes of the name or literal so far
+  JsonPrefix arguments_;
+};
+
+class CallShapeConstraint final : public LogitConstraint {
+ public:
+  CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec, std::vector<int32_t> end_ids);
+  void mask(std::span<float> logits) override;
+  void accept(int32_t token) override;
+  bool complete() const { return state_.complete(); }
+
+ private:
+  std::shared_ptr<const JsonTokenTable> table_;
+  std::unique_ptr<CallShapeSpec> spec_;  // sorted names; its address stays put for state_
+  std::vector<int32_t> end_ids_;
+  CallShape state_;
+};
+
 }  // namespace petrel

@@ -446,6 +446,9 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
   turn.json_object = request.json_object;
   if (use_tools && (request.tool_choice == "required" || request.forced_function)) {
     turn.output_prefix = tool_call_opener(format, request.forced_function ? request.tool_choice : "");
+    std::vector<std::string> names;
+    for (const ojson& t : tools) names.push_back(t["function"]["name"].get<std::string>());
+    turn.call_shape = tool_call_shape(format, std::move(names), request.forced_function);
   }
 
   const std::string id = "chatcmpl-" + random_hex(24);

@@ -114,6 +114,8 @@ struct ChatTurn {
   // When set (tool_choice "required" or a named function: tool_call_opener), the answer is made to begin with this
   // text, after the reasoning when the model reasons first; the generator reports it as output text.
   std::string output_prefix;
+  // With output_prefix: the rest of the call, constrained (the name one of the tools', the arguments an object).
+  std::optional<CallShapeSpec> call_shape;
   // JSON mode: generation constrained to one JSON object (runtime/json_constraint.h), from the first token.
   bool json_object = false;
 };

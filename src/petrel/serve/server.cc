@@ -150,6 +150,12 @@ Result<ChatOutput> EngineGenerator::run_forced(const ChatPrompt& prompt, const C
   forced.tokens.insert(forced.tokens.end(), prefix_tokens.begin(), prefix_tokens.end());
   GenerationConfig rest = turn.generation;
   rest.max_new_tokens -= used;
+  std::optional<CallShapeConstraint> shape;
+  if (turn.call_shape) {  // the name one of the tools', the arguments an object, then the format's close
+    if (!json_tokens_) json_tokens_ = JsonTokenTable::build(*engine_->tokenizer(), static_cast<int32_t>(engine_->model().config().vocab_size));
+    shape.emplace(json_tokens_, *turn.call_shape, rest.stop_token_ids.value_or(engine_->model().config().eos_token_ids));
+    rest.constraint = &*shape;
+  }
   PETREL_ASSIGN_OR_RETURN(out, run_prompt(forced, rest, events, /*report_start=*/false));
   out.text = thought.text + prefix + out.text;
   out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());

@@ -200,6 +200,19 @@ std::string tool_call_opener(ToolCallFormat format, std::string_view function) {
   return open + "{\"name\": " + ojson(std::string(function)).dump() + ", \"" + arguments + "\": ";
 }
 
+CallShapeSpec tool_call_shape(ToolCallFormat format, std::vector<std::string> names, bool named) {
+  CallShapeSpec spec;
+  spec.names = std::move(names);
+  spec.starts_at_arguments = named;
+  spec.after_name = std::string("\", \"") + (format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments") + "\": ";
+  switch (format) {
+    case ToolCallFormat::kNemotron: spec.close = "}]" + std::string(kNemotronClose); break;
+    case ToolCallFormat::kHermes: spec.close = "}\n" + std::string(kHermesClose); break;
+    default: spec.close = "}"; break;
+  }
+  return spec;
+}
+
 std::string tool_call_stop_string(ToolCallFormat format) {
   // Hermes models may write several blocks, so only Nemotron's single array block ends the turn.
   return format == ToolCallFormat::kNemotron ? std::string(kNemotronClose) : std::string();

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "petrel/runtime/json_constraint.h"
 #include "petrel/util/status.h"
 
 namespace petrel::serve {
@@ -45,6 +46,10 @@ ToolCallFormat detect_tool_call_format(std::string_view template_source);
 // named function (its name and the key of its arguments written too): the server has the answer begin with it,
 // so that the model can only go on with a call. Empty for kNone.
 std::string tool_call_opener(ToolCallFormat format, std::string_view function);
+
+// The rest of a forced call after tool_call_opener, for constrained decoding (runtime/json_constraint.h): the
+// name one of `names` (already written when `named`), the arguments a JSON object, then the format's close.
+CallShapeSpec tool_call_shape(ToolCallFormat format, std::vector<std::string> names, bool named);
 
 // Whether a chat template writes the tools itself (it reads the `tools` variable).
 bool template_writes_tools(std::string_view template_source);
