@@ -11,23 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "petrel/runtime/json_constraint.h"
 #include "petrel/util/parallel.h"
 
-namespace {
-
-double median_us(int reps, const std::function<void()>& f) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
+using petrel::bench::median_us;
 
 int main(int argc, char** argv) {
   std::string dir = PETREL_BENCH_TOKENIZER_DIR;

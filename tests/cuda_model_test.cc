@@ -178,6 +178,21 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaModelFloat,
 
 class CudaModelGptq : public ::testing::TestWithParam<int64_t> {};  // the group size, -1: per-channel
 
+// The GPU token generator against the CPU's on the parity tokens, within the GPTQ tolerances; the GPU's logits.
+std::vector<float> expect_gptq_agreement(const LlamaModel& model, const std::string& what) {
+  const std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
+  const std::vector<float> cpu = cpu_logits(model, tokens);
+  const std::vector<float> gpu = cuda_logits(model, tokens, CudaModelOptions{});
+  EXPECT_EQ(gpu.size(), cpu.size());
+  if (gpu.size() != cpu.size()) return gpu;
+  const Agreement a = compare(gpu, cpu.data(), static_cast<int64_t>(tokens.size()), model.config().vocab_size);
+  print(what, a);
+  EXPECT_LE(a.relative_l2, kGptqRelativeL2);
+  EXPECT_LE(a.max_kl, kGptqMaxKl);
+  EXPECT_EQ(a.argmax_mismatches, 0) << "smallest CPU top-1 margin among mismatches " << a.smallest_mismatch_margin;
+  return gpu;
+}
+
 TEST_P(CudaModelGptq, QuantizedTinyLlamaAgreesWithCpuTokenGenerator) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const int64_t group = GetParam();
@@ -187,16 +202,10 @@ TEST_P(CudaModelGptq, QuantizedTinyLlamaAgreesWithCpuTokenGenerator) {
   ASSERT_TRUE((*model)->is_quantized());
   ASSERT_EQ((*model)->weights().lm_head.kind, LinearWeight::Kind::kGptq);
   ASSERT_EQ((*model)->weights().lm_head.gptq.bits, 8);
+  const std::vector<float> gpu = expect_gptq_agreement(
+      **model, "tiny-llama31 W4 " + std::string(group < 0 ? "per-channel" : "g" + std::to_string(group)) + " vs CPU");
   const std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
   const int64_t vocab = (*model)->config().vocab_size, n = static_cast<int64_t>(tokens.size());
-  const std::vector<float> cpu = cpu_logits(**model, tokens);
-  const std::vector<float> gpu = cuda_logits(**model, tokens, CudaModelOptions{});
-  ASSERT_EQ(gpu.size(), cpu.size());
-  const Agreement a = compare(gpu, cpu.data(), n, vocab);
-  print("tiny-llama31 W4 " + std::string(group < 0 ? "per-channel" : "g" + std::to_string(group)) + " vs CPU", a);
-  EXPECT_LE(a.relative_l2, kGptqRelativeL2);
-  EXPECT_LE(a.max_kl, kGptqMaxKl);
-  EXPECT_EQ(a.argmax_mismatches, 0) << "smallest CPU top-1 margin among mismatches " << a.smallest_mismatch_margin;
 
   // With the split-K sums in a fixed order (not the default atomics, whose order varies), launching kernel by
   // kernel gives the same bits as the graph, on every run.
@@ -255,16 +264,7 @@ TEST(CudaModel, QuantizedEmbeddingAgreesWithCpuTokenGenerator) {
   auto model = testing::rtn_tiny_llama(dir / "q", 128, /*embedding_bits=*/4, /*embedding_group=*/64);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ASSERT_EQ((*model)->weights().embed_tokens.kind, LinearWeight::Kind::kGptq);
-  const std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
-  const int64_t vocab = (*model)->config().vocab_size, n = static_cast<int64_t>(tokens.size());
-  const std::vector<float> cpu = cpu_logits(**model, tokens);
-  const std::vector<float> gpu = cuda_logits(**model, tokens, CudaModelOptions{});
-  ASSERT_EQ(gpu.size(), cpu.size());
-  const Agreement a = compare(gpu, cpu.data(), n, vocab);
-  print("tiny-llama31 W4 g128, 4-bit embedding vs CPU", a);
-  EXPECT_LE(a.relative_l2, kGptqRelativeL2);
-  EXPECT_LE(a.max_kl, kGptqMaxKl);
-  EXPECT_EQ(a.argmax_mismatches, 0) << "smallest CPU top-1 margin among mismatches " << a.smallest_mismatch_margin;
+  expect_gptq_agreement(**model, "tiny-llama31 W4 g128, 4-bit embedding vs CPU");
 }
 
 // The fused decode step (five launches per layer, overlapped) against the unfused one on the same checkpoint:

@@ -488,13 +488,33 @@ struct RunningServer {
   }
 };
 
+// A server over tiny-llama31's engine (a fresh EngineGenerator, the shared engine).
+std::unique_ptr<RunningServer> tiny_server(const std::shared_ptr<Engine>& engine) {
+  auto generator = EngineGenerator::create(engine, 512);
+  EXPECT_TRUE(generator.ok()) << generator.status().to_string();
+  if (!generator.ok()) return nullptr;
+  return std::make_unique<RunningServer>(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
+}
+
+// The data of each server-sent event of an answer's body, up to [DONE].
+std::vector<ojson> sse_data(const std::string& body) {
+  std::vector<ojson> out;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    out.push_back(ojson::parse(data));
+  }
+  return out;
+}
+
 TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   auto engine = tiny_engine();
   ASSERT_NE(engine, nullptr);
-  auto generator = EngineGenerator::create(engine, 512);
-  ASSERT_TRUE(generator.ok()) << generator.status().to_string();
-  RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
-  auto client = running.client();
+  auto running = tiny_server(engine);
+  ASSERT_NE(running, nullptr);
+  auto client = running->client();
 
   const ojson messages = {{{"role", "user"}, {"content", "Once upon a time"}}};
   // The reference: the runtime API's own greedy answer to the same conversation.
@@ -521,13 +541,7 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   ASSERT_TRUE(streamed);
   EXPECT_EQ(streamed->get_header_value("Content-Type"), "text/event-stream");
   std::string joined;
-  size_t at = 0;
-  while ((at = streamed->body.find("data: ", at)) != std::string::npos) {
-    const size_t end = streamed->body.find("\n\n", at);
-    const std::string data = streamed->body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") break;
-    const ojson e = ojson::parse(data);
+  for (const ojson& e : sse_data(streamed->body)) {
     if (e["choices"].size() && e["choices"][0]["delta"].contains("content")) joined += e["choices"][0]["delta"]["content"];
   }
   EXPECT_EQ(joined, expected->text);
@@ -557,10 +571,9 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
 TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   auto engine = tiny_engine();
   ASSERT_NE(engine, nullptr);
-  auto generator = EngineGenerator::create(engine, 512);
-  ASSERT_TRUE(generator.ok());
-  RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
-  auto client = running.client();
+  auto running = tiny_server(engine);
+  ASSERT_NE(running, nullptr);
+  auto client = running->client();
 
   auto tokens = engine->tokenizer()->encode("The history of", EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
   ASSERT_TRUE(tokens.ok());
@@ -596,13 +609,7 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   auto streamed = client.Post("/v1/completions", stream_body.dump(), "application/json");
   ASSERT_TRUE(streamed);
   std::string joined;
-  for (size_t at = 0; (at = streamed->body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = streamed->body.find("\n\n", at);
-    const std::string data = streamed->body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") break;
-    joined += ojson::parse(data)["choices"][0]["text"].get<std::string>();
-  }
+  for (const ojson& e : sse_data(streamed->body)) joined += e["choices"][0]["text"].get<std::string>();
   EXPECT_EQ(joined, expected->text);
   const std::pair<const char*, const char*> bad_requests[] = {
       {R"({"prompt": ["a", "b"]})", "prompt"}, {R"({"prompt": ""})", "prompt"}, {R"({"prompt": [-1]})", "prompt"},
@@ -624,10 +631,9 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
 TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
   auto engine = tiny_engine();
   ASSERT_NE(engine, nullptr);
-  auto generator = EngineGenerator::create(engine, 512);
-  ASSERT_TRUE(generator.ok());
-  RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
-  auto client = running.client();
+  auto running = tiny_server(engine);
+  ASSERT_NE(running, nullptr);
+  auto client = running->client();
 
   std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
   tokens.resize(40);
@@ -697,12 +703,7 @@ TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
   auto streamed = client.Post("/v1/chat/completions", stream_body.dump(), "application/json");
   ASSERT_TRUE(streamed);
   ojson joined = ojson::array();
-  for (size_t at = 0; (at = streamed->body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = streamed->body.find("\n\n", at);
-    const std::string data = streamed->body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") break;
-    const ojson e = ojson::parse(data);
+  for (const ojson& e : sse_data(streamed->body)) {
     if (e["choices"].empty() || e["choices"][0]["logprobs"].is_null()) continue;
     for (const ojson& entry : e["choices"][0]["logprobs"]["content"]) joined.push_back(entry);
   }
