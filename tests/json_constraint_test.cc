@@ -1,6 +1,7 @@
 // JSON mode: the byte automaton against nlohmann::json's parser (an independent strict RFC 8259 parser) on
 // hand-picked and random texts, and constrained generation on tiny-llama31 giving answers that parse.
 #include "petrel/runtime/json_constraint.h"
+#include "petrel/runtime/json_schema.h"
 
 #include <gtest/gtest.h>
 
@@ -26,10 +27,21 @@ bool accepts_whole(const std::string& text) {
   return p.complete();
 }
 
-// What the automaton is meant to accept: a strict parser's verdict, for texts within its two model limits,
+// What the automaton is meant to accept: a strict parser's verdict, for texts within its model limits,
 // whose top-level value is an object and which end with it.
 bool reference_accepts(const std::string& text) {
   if (!nlohmann::json::accept(text)) return false;
+  // The automaton's whitespace limit: in valid JSON every raw line break is structural whitespace, and a run of
+  // whitespace may hold one (\r\n counting as one).
+  for (size_t i = 0, breaks = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      if (c == '\r' || (c == '\n' && (i == 0 || text[i - 1] != '\r'))) ++breaks;
+      if (breaks > 1) return false;
+    } else {
+      breaks = 0;
+    }
+  }
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] != '{') return false;
   const char last = text.back();
@@ -103,7 +115,7 @@ TEST(JsonPrefix, AgreesWithAStrictParserOnMutatedObjects) {
                                             "\"\\u00e9\\n\"", "\"\xC3\xA9\"", "\"\\ud83d\\ude00\""};
   const std::vector<std::string> edits = {"", "{", "}", "[", "]", ",", ":", "\"", "\\", "0", "-", ".", "e", " ", "\x80",
                                           "\xC3", "\x01", "t", "\\u", "d800"};
-  auto ws = [&] { return std::string(rng() % 3 == 0 ? rng() % 3 : 0, " \n"[rng() % 2]); };
+  auto ws = [&]() -> std::string { return rng() % 3 ? "" : rng() % 2 ? " " : "\n  "; };
   std::function<std::string(int)> value = [&](int depth) -> std::string {
     const unsigned kind = depth > 4 ? 2 : rng() % 3;
     if (kind == 2) return scalars[rng() % scalars.size()];
@@ -135,8 +147,9 @@ TEST(JsonPrefix, AgreesWithAStrictParserOnMutatedObjects) {
 
 // A forced tool call's shape: a name from the list, the arguments key, an object, the format's close.
 TEST(CallShape, AcceptsTheToolsCallsAndNothingElse) {
-  CallShapeSpec spec{{"get_weather", "get_time", "search", "get"}, "\", \"arguments\": ", "}]</TOOLCALL>", false};
+  CallShapeSpec spec{{"get_weather", "get_time", "search", "get"}, {}, "\", \"arguments\": ", "}]</TOOLCALL>", false};
   std::sort(spec.names.begin(), spec.names.end());
+  spec.arguments.assign(spec.names.size(), JsonSchema::any_object());
   auto accepts = [&](const std::string& text) {
     CallShape shape(&spec);
     return shape.feed(text) && shape.complete();
@@ -154,10 +167,56 @@ TEST(CallShape, AcceptsTheToolsCallsAndNothingElse) {
   EXPECT_FALSE(partial.complete());
   EXPECT_FALSE(partial.feed('x'));
   EXPECT_TRUE(partial.feed('_'));
-  CallShapeSpec named{{"get_weather"}, "\", \"parameters\": ", "}", true};
+  CallShapeSpec named{{"get_weather"}, {JsonSchema::any_object()}, "\", \"parameters\": ", "}", true};
   CallShape args(&named);
   EXPECT_TRUE(args.feed(std::string("{\"city\": \"Paris\"}}")));
   EXPECT_TRUE(args.complete());
+}
+
+// Random walks through the mask over tiny-llama31's vocabulary, logits random with a pull toward tokens that close
+// things: every walk is a prefix of a JSON object at every step, and one that ends (an end token, allowed only
+// once the object is complete) is an object by nlohmann::json.
+TEST(JsonObjectConstraint, RandomWalksThroughTheMaskAreJsonObjects) {
+  auto engine = testing::tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(engine->model().config().vocab_size));
+  const std::vector<int32_t> ends = engine->model().config().eos_token_ids;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> noise(0.0f, 4.0f);
+  int completed = 0;
+  for (int walk = 0; walk < 200; ++walk) {
+    JsonObjectConstraint constraint(table, ends);
+    std::string text;
+    bool ended = false;
+    for (int step = 0; step < 300 && !ended; ++step) {
+      std::vector<float> logits(static_cast<size_t>(table->size()));
+      for (int32_t id = 0; id < table->size(); ++id) {
+        const std::string_view b = table->bytes(id);
+        const bool closes = b.find_first_of("}]\",") != std::string_view::npos;
+        logits[static_cast<size_t>(id)] = noise(rng) + (closes ? 3.0f : 0.0f);
+      }
+      for (int32_t id : ends) logits[static_cast<size_t>(id)] = 10.0f;  // always wanted: allowed only at the end
+      constraint.mask(logits);
+      const int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      ASSERT_GT(logits[static_cast<size_t>(token)], -1e30f) << "the mask left nothing after " << text;
+      if (std::find(ends.begin(), ends.end(), token) != ends.end()) {
+        ASSERT_TRUE(constraint.complete()) << "an end token before the object closed: " << text;
+        ended = true;
+        break;
+      }
+      constraint.accept(token);
+      text += table->bytes(token);
+      JsonPrefix check;
+      ASSERT_TRUE(check.feed(text)) << "not a prefix of an object: " << text;
+    }
+    if (ended) {
+      ++completed;
+      const auto parsed = nlohmann::json::parse(text, nullptr, false);
+      ASSERT_TRUE(parsed.is_object()) << text;
+    }
+  }
+  std::printf("[ json ] %d of 200 random walks closed their object\n", completed);
+  EXPECT_GT(completed, 100);
 }
 
 // Constrained sampling on tiny-llama31 (a story model that never writes JSON by itself): every answer that ends

@@ -139,6 +139,29 @@ def main():
             else:
                 check(content.lstrip().startswith("{"), f"json mode (seed {seed}): cut off at max_tokens, an object's start")
 
+        # Structured outputs: answers that end satisfy the schema, as the jsonschema package judges them.
+        schema = {"type": "object", "properties": {"name": {"enum": ["Ann", "Bob"]}, "age": {"type": "integer"},
+                                                   "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", None]}},
+                  "required": ["name", "age"]}
+        try:
+            import jsonschema
+        except ImportError:
+            jsonschema = None
+        for seed in (1, 2, 3):
+            answer = client.chat.completions.create(
+                model="x", messages=messages, max_tokens=400, temperature=1.0, seed=seed,
+                response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+            content = answer.choices[0].message.content
+            if answer.choices[0].finish_reason != "stop":
+                check(content.lstrip().startswith("{"), f"json_schema (seed {seed}): cut off at max_tokens, an object's start")
+                continue
+            try:
+                if jsonschema:
+                    jsonschema.validate(json.loads(content), schema)
+                check(True, f"json_schema (seed {seed}): {content[:60]!r} follows the schema")
+            except Exception as e:  # noqa: BLE001 - any failure is the test's failure
+                check(False, f"json_schema (seed {seed}): {content!r}: {e}")
+
         after = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
         check(after.choices[0].message.content == choice.message.content, "still serving, same greedy answer")
     finally:

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "petrel/util/parallel.h"
+#include "petrel/runtime/token_mask.h"
 
 namespace petrel {
 
@@ -35,6 +35,27 @@ bool plain_string_bytes(std::string_view bytes) {
 }
 
 }  // namespace
+
+JsonPrefix JsonPrefix::any_value() {
+  JsonPrefix p;
+  p.mode_ = Mode::kValue;
+  return p;
+}
+
+bool JsonPrefix::in_number() const {
+  switch (mode_) {
+    case Mode::kNumMinus: case Mode::kNumZero: case Mode::kNumInt: case Mode::kNumDot: case Mode::kNumFrac:
+    case Mode::kNumExp: case Mode::kNumExpSign: case Mode::kNumExpDigits: return true;
+    default: return false;
+  }
+}
+
+bool JsonPrefix::can_end() const {
+  if (mode_ == Mode::kDone) return true;
+  const bool endable = mode_ == Mode::kNumZero || mode_ == Mode::kNumInt || mode_ == Mode::kNumFrac ||
+                       mode_ == Mode::kNumExpDigits;
+  return endable && depth_ == 0;
+}
 
 bool JsonPrefix::feed(unsigned char c) {
   const JsonPrefix saved = *this;
@@ -125,8 +146,14 @@ bool JsonPrefix::string_byte(unsigned char c) {
   return true;
 }
 
-bool JsonPrefix::whitespace() {
+bool JsonPrefix::whitespace(unsigned char c) {
   if (++ws_run_ > kMaxWhitespaceRun) return false;
+  if (c == '\n' || c == '\r') {
+    const bool crlf = c == '\n' && last_ws_cr_;
+    if (newline_in_run_ && !crlf) return false;
+    newline_in_run_ = true;
+  }
+  last_ws_cr_ = c == '\r';
   return true;
 }
 
@@ -211,8 +238,10 @@ bool JsonPrefix::step(unsigned char c) {
     default: break;
   }
   // Between tokens of the structure.
-  if (is_whitespace(c)) return whitespace();
+  if (is_whitespace(c)) return whitespace(c);
   ws_run_ = 0;
+  newline_in_run_ = false;
+  last_ws_cr_ = false;
   switch (mode_) {
     case Mode::kStart:
       if (c != '{') return false;
@@ -275,99 +304,13 @@ std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tok
   return table;
 }
 
-namespace {
-
-constexpr float kNever = -std::numeric_limits<float>::infinity();
-
-// Masks the tokens that `state` (JsonPrefix or CallShape) cannot take next; false when none is left. Tokens
-// are judged by their first two bytes from tables made for this state (most are turned away there, uncopied);
-// only those that pass are stepped through from the state after their first byte. The vocabulary is split over
-// the thread pool (free between forward passes), each part with its own second-byte tables.
-template <typename Automaton>
-bool mask_tokens(const Automaton& state, const JsonTokenTable& table, std::span<float> logits) {
-  const int32_t n = static_cast<int32_t>(std::min<size_t>(logits.size(), static_cast<size_t>(table.size())));
-  std::fill(logits.begin() + n, logits.end(), kNever);  // ids the tokenizer does not know
-  if (state.complete()) {
-    std::fill(logits.begin(), logits.begin() + n, kNever);
-    return false;
-  }
-  const bool plain = state.in_plain_string();
-  std::array<bool, 256> first_ok;
-  std::array<Automaton, 256> after_first;
-  for (int c = 0; c < 256; ++c) {
-    after_first[static_cast<size_t>(c)] = state;
-    first_ok[static_cast<size_t>(c)] = after_first[static_cast<size_t>(c)].feed(static_cast<unsigned char>(c));
-  }
-  std::atomic<bool> any_allowed{false};
-  ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
-    std::vector<std::array<bool, 256>> second_ok(256);
-    std::array<bool, 256> second_ready{};
-    bool allowed = false;
-    for (int32_t id = static_cast<int32_t>(begin); id < static_cast<int32_t>(end); ++id) {
-      float& logit = logits[static_cast<size_t>(id)];
-      if (logit == kNever) continue;
-      if (table.special(id)) {
-        logit = kNever;
-        continue;
-      }
-      if (plain && table.plain_string_content(id)) {
-        allowed = true;
-        continue;
-      }
-      const std::string_view bytes = table.bytes(id);
-      const auto c0 = static_cast<unsigned char>(bytes[0]);
-      if (!first_ok[c0]) {
-        logit = kNever;
-        continue;
-      }
-      if (bytes.size() > 1) {
-        if (!second_ready[c0]) {
-          for (int c = 0; c < 256; ++c) {
-            Automaton trial = after_first[c0];
-            second_ok[c0][static_cast<size_t>(c)] = trial.feed(static_cast<unsigned char>(c));
-          }
-          second_ready[c0] = true;
-        }
-        if (!second_ok[c0][static_cast<unsigned char>(bytes[1])]) {
-          logit = kNever;
-          continue;
-        }
-        Automaton trial = after_first[c0];
-        if (!trial.feed(bytes.substr(1))) {
-          logit = kNever;
-          continue;
-        }
-      }
-      allowed = true;
-    }
-    if (allowed) any_allowed.store(true, std::memory_order_relaxed);
-  }, 4096);
-  return any_allowed.load();
-}
-
-// The end tokens may follow a complete text, or end one nothing can continue (which a byte-level vocabulary,
-// spelling every byte, never leaves) rather than sampling from nothing.
-void allow_ends(std::span<float> logits, const std::vector<std::pair<int32_t, float>>& ends) {
-  const bool all_never = std::all_of(ends.begin(), ends.end(), [](const auto& e) { return e.second == kNever; });
-  for (const auto& [id, value] : ends) logits[static_cast<size_t>(id)] = all_never ? 0.0f : value;
-}
-
-std::vector<std::pair<int32_t, float>> end_logits(std::span<const float> logits, const std::vector<int32_t>& end_ids) {
-  std::vector<std::pair<int32_t, float>> ends;
-  for (int32_t id : end_ids) {
-    if (id >= 0 && static_cast<size_t>(id) < logits.size()) ends.emplace_back(id, logits[static_cast<size_t>(id)]);
-  }
-  return ends;
-}
-
-}  // namespace
 
 JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids)
     : table_(std::move(table)), end_ids_(std::move(end_ids)) {}
 
 void JsonObjectConstraint::mask(std::span<float> logits) {
-  const auto ends = end_logits(logits, end_ids_);
-  if (!mask_tokens(state_, *table_, logits)) allow_ends(logits, ends);
+  const auto ends = detail::end_logits(logits, end_ids_);
+  if (!detail::mask_tokens(state_, *table_, logits)) detail::allow_ends(logits, ends);
 }
 
 void JsonObjectConstraint::accept(int32_t token) {
@@ -375,88 +318,5 @@ void JsonObjectConstraint::accept(int32_t token) {
   state_.feed(table_->bytes(token));
 }
 
-
-bool CallShape::literal_byte(const std::string& literal, unsigned char c, Part next) {
-  if (offset_ >= literal.size() || static_cast<unsigned char>(literal[offset_]) != c) return false;
-  if (++offset_ == literal.size()) {
-    part_ = next;
-    offset_ = 0;
-  }
-  return true;
-}
-
-bool CallShape::step(unsigned char c) {
-  switch (part_) {
-    case Part::kName: {
-      if (lo_ >= hi_) return false;
-      // The name so far is names[lo_, hi_)'s common prefix of length offset_ (names sorted); the closing quote,
-      // the first byte of after_name, may come once one of them is complete.
-      if (c == static_cast<unsigned char>(spec_->after_name[0]) && spec_->names[lo_].size() == offset_) {
-        part_ = Part::kAfterName;
-        offset_ = 1;
-        if (spec_->after_name.size() == 1) {
-          part_ = Part::kArguments;
-          offset_ = 0;
-        }
-        return true;
-      }
-      const auto& names = spec_->names;
-      auto byte_at = [&](uint32_t i) { return names[i].size() > offset_ ? static_cast<int>(static_cast<unsigned char>(names[i][offset_])) : -1; };
-      uint32_t lo = lo_, hi = hi_;
-      while (lo < hi && byte_at(lo) < static_cast<int>(c)) ++lo;
-      uint32_t end = lo;
-      while (end < hi && byte_at(end) == static_cast<int>(c)) ++end;
-      if (lo == end) return false;
-      lo_ = lo;
-      hi_ = end;
-      ++offset_;
-      return true;
-    }
-    case Part::kAfterName: return literal_byte(spec_->after_name, c, Part::kArguments);
-    case Part::kArguments:
-      if (!arguments_.feed(c)) return false;
-      if (arguments_.complete()) part_ = spec_->close.empty() ? Part::kDone : Part::kClose;
-      return true;
-    case Part::kClose: return literal_byte(spec_->close, c, Part::kDone);
-    case Part::kDone: return false;
-  }
-  return false;
-}
-
-bool CallShape::feed(unsigned char c) {
-  const CallShape saved = *this;
-  if (step(c)) return true;
-  *this = saved;
-  return false;
-}
-
-bool CallShape::feed(std::string_view bytes) {
-  for (unsigned char c : bytes) {
-    if (!step(c)) return false;
-  }
-  return true;
-}
-
-CallShape::CallShape(const CallShapeSpec* spec) : spec_(spec) {
-  hi_ = static_cast<uint32_t>(spec->names.size());
-  part_ = spec->starts_at_arguments ? Part::kArguments : Part::kName;
-}
-
-CallShapeConstraint::CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec,
-                                         std::vector<int32_t> end_ids)
-    : table_(std::move(table)), spec_(std::make_unique<CallShapeSpec>(std::move(spec))), end_ids_(std::move(end_ids)) {
-  std::sort(spec_->names.begin(), spec_->names.end());
-  state_ = CallShape(spec_.get());
-}
-
-void CallShapeConstraint::mask(std::span<float> logits) {
-  const auto ends = end_logits(logits, end_ids_);
-  if (!mask_tokens(state_, *table_, logits)) allow_ends(logits, ends);
-}
-
-void CallShapeConstraint::accept(int32_t token) {
-  if (token < 0 || token >= table_->size() || table_->special(token)) return;
-  state_.feed(table_->bytes(token));
-}
 
 }  // namespace petrel

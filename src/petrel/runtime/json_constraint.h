@@ -4,9 +4,9 @@
 //
 // JsonPrefix is the byte-level automaton: it accepts exactly the prefixes of RFC 8259 JSON texts whose top-level
 // value is an object (strings checked as UTF-8 the way strict parsers check them: no overlong forms, surrogates
-// or code points above U+10FFFF; no control characters), with two limits a model needs and a parser does not:
-// nesting at most kMaxDepth, and at most kMaxWhitespaceRun whitespace bytes in a row (a sampled model can
-// otherwise emit whitespace forever). Its state is a small fixed-size value, so trying a token is a copy and a
+// or code points above U+10FFFF; no control characters), with limits a model needs and a parser does not:
+// nesting at most kMaxDepth, and at most kMaxWhitespaceRun whitespace bytes in a row with at most one line break
+// among them (a sampled model can otherwise emit whitespace forever; formatted JSON never needs more). Its state is a small fixed-size value, so trying a token is a copy and a
 // few byte steps.
 //
 // JsonTokenTable holds each token's bytes and a precomputed class (plain string content: no quote, backslash or
@@ -31,6 +31,12 @@ class JsonPrefix {
  public:
   static constexpr int kMaxDepth = 32;
   static constexpr int kMaxWhitespaceRun = 16;
+
+  // Any one JSON value instead of an object (json_schema.h embeds it for values its schema leaves free). A
+  // number at the top level has no end of its own: can_end() says when the next byte may belong to what follows.
+  static JsonPrefix any_value();
+  bool can_end() const;
+  bool in_number() const;
 
   // Feeds one byte; false (state unchanged) when no JSON object text continues this way.
   bool feed(unsigned char c);
@@ -62,12 +68,14 @@ class JsonPrefix {
   bool after_value();  // a value ended: what follows depends on the container
   bool end_number(unsigned char c);
   bool string_byte(unsigned char c);
-  bool whitespace();
+  bool whitespace(unsigned char c);
 
   Mode mode_ = Mode::kStart;
   bool string_is_key_ = false;
   uint8_t depth_ = 0;
   uint8_t ws_run_ = 0;
+  bool newline_in_run_ = false;  // a run of whitespace holds at most one line break (\n, or \r\n)
+  bool last_ws_cr_ = false;
   uint8_t unicode_left_ = 0;
   uint16_t unicode_value_ = 0;
   bool need_low_surrogate_ = false;  // a \uD800-\uDBFF escape must be followed by a \uDC00-\uDFFF one
@@ -108,53 +116,6 @@ class JsonObjectConstraint final : public LogitConstraint {
   std::shared_ptr<const JsonTokenTable> table_;
   std::vector<int32_t> end_ids_;
   JsonPrefix state_;
-};
-
-// A forced tool call's shape (the server's tool_choice "required" or a named function): after the call's opener,
-// the function name is one of `names` (skipped when starts_at_arguments: the opener already names it), then
-// `after_name` (the closing quote and the arguments key: `", "arguments": `), the arguments as one JSON object,
-// then `close` (the format's end: `}]</TOOLCALL>`), and nothing more.
-struct CallShapeSpec {
-  std::vector<std::string> names;
-  std::string after_name;
-  std::string close;
-  bool starts_at_arguments = false;
-};
-
-// The byte automaton of a CallShapeSpec; cheap to copy (it points at the spec, which must outlive it).
-class CallShape {
- public:
-  CallShape() = default;
-  explicit CallShape(const CallShapeSpec* spec);  // spec->names sorted
-  bool feed(unsigned char c);          // false, state unchanged, when the shape cannot continue this way
-  bool feed(std::string_view bytes);   // false when a byte is rejected (state then unspecified)
-  bool complete() const { return part_ == Part::kDone; }
-  bool in_plain_string() const { return part_ == Part::kArguments && arguments_.in_plain_string(); }
-
- private:
-  enum class Part : uint8_t { kName, kAfterName, kArguments, kClose, kDone };
-  bool step(unsigned char c);
-  bool literal_byte(const std::string& literal, unsigned char c, Part next);
-
-  const CallShapeSpec* spec_ = nullptr;
-  Part part_ = Part::kName;
-  uint32_t lo_ = 0, hi_ = 0;  // kName: the names that still match
-  uint32_t offset_ = 0;       // bytes of the name or literal so far
-  JsonPrefix arguments_;
-};
-
-class CallShapeConstraint final : public LogitConstraint {
- public:
-  CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec, std::vector<int32_t> end_ids);
-  void mask(std::span<float> logits) override;
-  void accept(int32_t token) override;
-  bool complete() const { return state_.complete(); }
-
- private:
-  std::shared_ptr<const JsonTokenTable> table_;
-  std::unique_ptr<CallShapeSpec> spec_;  // sorted names; its address stays put for state_
-  std::vector<int32_t> end_ids_;
-  CallShape state_;
 };
 
 }  // namespace petrel

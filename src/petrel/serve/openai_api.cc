@@ -380,12 +380,18 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     if (!type.is_string()) return bad("response_format", "expected {\"type\": \"text\"} or {\"type\": \"json_object\"}");
     if (type == "json_object") {
       r.json_object = true;
+    } else if (type == "json_schema") {
+      if (!f.contains("json_schema") || !f["json_schema"].is_object() || !f["json_schema"].contains("schema")) {
+        return bad("response_format", "json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+      }
+      auto schema = JsonSchema::compile(nlohmann::json::parse(f["json_schema"]["schema"].dump()));
+      if (!schema.ok()) return bad("response_format", "json_schema.schema: " + schema.status().message());
+      r.schema = *schema;
     } else if (type != "text") {
-      return bad("response_format", "type '" + type.get<std::string>() + "' is not supported (text and json_object are; "
-                                    "json_schema needs schema-constrained decoding, which petrel does not have yet)");
+      return bad("response_format", "type '" + type.get<std::string>() + "' is not text, json_object or json_schema");
     }
-    if (r.json_object && (r.tool_choice == "required" || r.forced_function)) {
-      return bad("response_format", "json_object cannot be combined with tool_choice \"required\" or a named function");
+    if ((r.json_object || r.schema) && (r.tool_choice == "required" || r.forced_function)) {
+      return bad("response_format", "a JSON answer cannot be combined with tool_choice \"required\" or a named function");
     }
   }
   // The reasoning switch, three spellings.
@@ -444,11 +450,10 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
   turn.generation = generation_config(request, options);
   if (const std::string stop = tool_call_stop_string(format); !stop.empty()) turn.generation.stop_strings.push_back(stop);
   turn.json_object = request.json_object;
+  turn.schema = request.schema;
   if (use_tools && (request.tool_choice == "required" || request.forced_function)) {
     turn.output_prefix = tool_call_opener(format, request.forced_function ? request.tool_choice : "");
-    std::vector<std::string> names;
-    for (const ojson& t : tools) names.push_back(t["function"]["name"].get<std::string>());
-    turn.call_shape = tool_call_shape(format, std::move(names), request.forced_function);
+    turn.call_shape = tool_call_shape(format, tools, request.forced_function);
   }
 
   const std::string id = "chatcmpl-" + random_hex(24);

@@ -10,9 +10,9 @@
 // max_tokens / max_completion_tokens, temperature, top_p, top_k (an extension, as vLLM), seed, stop (a string or
 // up to 4), presence_penalty, frequency_penalty, n (1 only), and the reasoning switch: "reasoning": "on"|"off"|
 // "default" (petrel), chat_template_kwargs.enable_thinking (vLLM's convention) or reasoning_effort ("none" or
-// "minimal" off, "low"/"medium"/"high" on), response_format {"type": "text"} or {"type": "json_object"} (JSON
-// mode: constrained decoding). n > 1 and response_format json_schema are refused with a 400 instead of being
-// silently ignored.
+// "minimal" off, "low"/"medium"/"high" on), response_format {"type": "text"}, {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"schema": ...}} (constrained decoding; the schema subset is in
+// runtime/json_schema.h). n > 1 is refused with a 400 instead of being silently ignored.
 //
 // The answer: message.content (null when the answer is only tool calls), message.reasoning_content (the text
 // inside <think>...</think>, vLLM's field), message.tool_calls ({id, type: "function", function: {name,
@@ -74,6 +74,7 @@ struct ChatRequest : SamplingRequest {
   std::string tool_choice = "auto";  // "none", "auto", "required"; or a function's name (the call is required)
   bool forced_function = false;      // tool_choice named a function
   bool json_object = false;          // response_format {"type": "json_object"}: the answer is one JSON object
+  std::shared_ptr<const JsonSchema> schema;  // response_format json_schema, compiled
   text::ReasoningMode reasoning = text::ReasoningMode::kDefault;
 };
 
@@ -116,8 +117,10 @@ struct ChatTurn {
   std::string output_prefix;
   // With output_prefix: the rest of the call, constrained (the name one of the tools', the arguments an object).
   std::optional<CallShapeSpec> call_shape;
-  // JSON mode: generation constrained to one JSON object (runtime/json_constraint.h), from the first token.
+  // JSON mode: generation constrained to one JSON object (runtime/json_constraint.h), from the first token; with
+  // a schema, to one object the schema allows (runtime/json_schema.h).
   bool json_object = false;
+  std::shared_ptr<const JsonSchema> schema;
 };
 
 // One token's log-probability as the API reports it.

@@ -78,11 +78,14 @@ Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const Generat
   PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt, build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), turn.messages,
                                                                turn.tools, turn.prompt));
   if (!turn.output_prefix.empty()) return run_forced(prompt, turn, events);
-  if (!turn.json_object) return run_prompt(prompt, turn.generation, events);
+  if (!turn.json_object && !turn.schema) return run_prompt(prompt, turn.generation, events);
   if (!json_tokens_) json_tokens_ = JsonTokenTable::build(*engine_->tokenizer(), static_cast<int32_t>(engine_->model().config().vocab_size));
-  JsonObjectConstraint constraint(json_tokens_, turn.generation.stop_token_ids.value_or(engine_->model().config().eos_token_ids));
+  const std::vector<int32_t> ends = turn.generation.stop_token_ids.value_or(engine_->model().config().eos_token_ids);
+  std::optional<JsonObjectConstraint> object;
+  std::optional<JsonSchemaConstraint> schema;
   GenerationConfig config = turn.generation;
-  config.constraint = &constraint;
+  if (turn.schema) config.constraint = &schema.emplace(json_tokens_, turn.schema, ends);
+  else config.constraint = &object.emplace(json_tokens_, ends);
   return run_prompt(prompt, config, events);
 }
 

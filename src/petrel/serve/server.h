@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "petrel/runtime/json_constraint.h"
+#include "petrel/runtime/json_schema.h"
 #include "petrel/runtime/session.h"
 #include "petrel/serve/openai_api.h"
 #include "petrel/util/status.h"

@@ -200,9 +200,17 @@ std::string tool_call_opener(ToolCallFormat format, std::string_view function) {
   return open + "{\"name\": " + ojson(std::string(function)).dump() + ", \"" + arguments + "\": ";
 }
 
-CallShapeSpec tool_call_shape(ToolCallFormat format, std::vector<std::string> names, bool named) {
+CallShapeSpec tool_call_shape(ToolCallFormat format, const ojson& tools, bool named) {
   CallShapeSpec spec;
-  spec.names = std::move(names);
+  for (const ojson& t : tools) {
+    spec.names.push_back(t["function"]["name"].get<std::string>());
+    std::shared_ptr<const JsonSchema> schema = JsonSchema::any_object();
+    if (t["function"].contains("parameters")) {
+      auto compiled = JsonSchema::compile(nlohmann::json::parse(t["function"]["parameters"].dump()));
+      if (compiled.ok()) schema = *compiled;
+    }
+    spec.arguments.push_back(std::move(schema));
+  }
   spec.starts_at_arguments = named;
   spec.after_name = std::string("\", \"") + (format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments") + "\": ";
   switch (format) {

@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "petrel/runtime/json_constraint.h"
+#include "petrel/runtime/json_schema.h"
 #include "petrel/util/status.h"
 
 namespace petrel::serve {
@@ -47,9 +47,10 @@ ToolCallFormat detect_tool_call_format(std::string_view template_source);
 // so that the model can only go on with a call. Empty for kNone.
 std::string tool_call_opener(ToolCallFormat format, std::string_view function);
 
-// The rest of a forced call after tool_call_opener, for constrained decoding (runtime/json_constraint.h): the
-// name one of `names` (already written when `named`), the arguments a JSON object, then the format's close.
-CallShapeSpec tool_call_shape(ToolCallFormat format, std::vector<std::string> names, bool named);
+// The rest of a forced call after tool_call_opener, for constrained decoding (runtime/json_schema.h): the name
+// one of the tools' (already written when `named`), the arguments following that tool's "parameters" schema (any
+// object where it has none or petrel cannot compile it), then the format's close. `tools`: the request's list.
+CallShapeSpec tool_call_shape(ToolCallFormat format, const nlohmann::ordered_json& tools, bool named);
 
 // Whether a chat template writes the tools itself (it reads the `tools` variable).
 bool template_writes_tools(std::string_view template_source);

@@ -1,0 +1,469 @@
+#include "petrel/runtime/json_schema.h"
+
+#include <algorithm>
+
+#include "petrel/runtime/token_mask.h"
+
+namespace petrel {
+
+using njson = nlohmann::json;
+
+namespace {
+
+constexpr int kMaxSchemaDepth = 16;
+
+Result<uint8_t> type_bit(const njson& name, const std::string& where) {
+  if (name.is_string()) {
+    const std::string t = name.get<std::string>();
+    if (t == "object") return uint8_t{JsonSchema::kObject};
+    if (t == "array") return uint8_t{JsonSchema::kArray};
+    if (t == "string") return uint8_t{JsonSchema::kString};
+    if (t == "number") return uint8_t{JsonSchema::kNumber | JsonSchema::kInteger};
+    if (t == "integer") return uint8_t{JsonSchema::kInteger};
+    if (t == "boolean") return uint8_t{JsonSchema::kBoolean};
+    if (t == "null") return uint8_t{JsonSchema::kNull};
+  }
+  return invalid_argument(where + "type: " + name.dump() + " is not a JSON Schema type");
+}
+
+// A value's JSON text as a literal: strings with their quotes and escapes, numbers as written.
+Result<std::string> literal_text(const njson& v, const std::string& where) {
+  if (v.is_object() || v.is_array()) return invalid_argument(where + ": enum and const values must be strings, numbers, booleans or null");
+  return v.dump();
+}
+
+}  // namespace
+
+Result<int32_t> JsonSchema::add(const njson& schema, const std::string& where, int depth) {
+  if (depth > kMaxSchemaDepth) return invalid_argument(where + ": nested deeper than " + std::to_string(kMaxSchemaDepth));
+  const int32_t index = static_cast<int32_t>(nodes_.size());
+  nodes_.emplace_back();
+  if (schema.is_boolean() || (schema.is_object() && schema.empty())) return index;  // true / {}: anything
+  if (!schema.is_object()) return invalid_argument(where + ": a schema must be an object, not " + schema.dump());
+  Node node;
+  if (schema.contains("enum") || schema.contains("const")) {
+    const njson values = schema.contains("const") ? njson::array({schema["const"]}) : schema["enum"];
+    if (!values.is_array() || values.empty()) return invalid_argument(where + "enum: expected a non-empty array");
+    for (const njson& v : values) {
+      PETREL_ASSIGN_OR_RETURN(std::string text, literal_text(v, where + "enum"));
+      node.literals.push_back(std::move(text));
+    }
+    std::sort(node.literals.begin(), node.literals.end());
+    node.literals.erase(std::unique(node.literals.begin(), node.literals.end()), node.literals.end());
+    node.types = 0;
+    nodes_[static_cast<size_t>(index)] = std::move(node);
+    return index;
+  }
+  // Types: "type" (one or a list), a union of "anyOf"/"oneOf" branches, or read from the keywords.
+  const njson* branches = schema.contains("anyOf") ? &schema["anyOf"] : schema.contains("oneOf") ? &schema["oneOf"] : nullptr;
+  std::vector<const njson*> parts = {&schema};
+  if (branches) {
+    if (!branches->is_array() || branches->empty()) return invalid_argument(where + "anyOf: expected a non-empty array");
+    parts.clear();
+    for (const njson& b : *branches) parts.push_back(&b);
+  }
+  node.types = 0;
+  const njson* object_part = nullptr;
+  const njson* array_part = nullptr;
+  for (const njson* part : parts) {
+    uint8_t types = 0;
+    if (part->is_object() && part->contains("type")) {
+      const njson& t = (*part)["type"];
+      for (const njson& name : t.is_array() ? t : njson::array({t})) {
+        PETREL_ASSIGN_OR_RETURN(uint8_t bit, type_bit(name, where));
+        types |= bit;
+      }
+    } else if (part->is_object() && part->contains("properties")) {
+      types = kObject;
+    } else if (part->is_object() && part->contains("items")) {
+      types = kArray;
+    } else {
+      types = kAnyType;  // untyped (or a keyword petrel does not read): any value
+    }
+    if (branches && (node.types & types & ~(kNumber | kInteger)) != 0 && types != kAnyType) {
+      return invalid_argument(where + "anyOf: branches of the same type cannot be told apart while generating");
+    }
+    node.types |= types;
+    if (types & kObject) object_part = part;
+    if (types & kArray) array_part = part;
+  }
+  if ((node.types & kObject) && object_part) {
+    const njson& o = *object_part;
+    if (o.is_object() && o.contains("properties")) {
+      const njson& props = o["properties"];
+      if (!props.is_object()) return invalid_argument(where + "properties: expected an object");
+      if (props.size() > 64) return invalid_argument(where + "properties: more than 64");
+      std::vector<std::pair<std::string, const njson*>> keyed;
+      for (auto it = props.begin(); it != props.end(); ++it) {
+        const std::string escaped = njson(it.key()).dump();  // with quotes
+        keyed.emplace_back(escaped.substr(1, escaped.size() - 2), &it.value());
+      }
+      std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& [key, sub] : keyed) node.keys.push_back(key);
+      if (o.contains("required")) {
+        if (!o["required"].is_array()) return invalid_argument(where + "required: expected an array of names");
+        for (const njson& r : o["required"]) {
+          if (!r.is_string()) return invalid_argument(where + "required: expected an array of names");
+          const std::string escaped = njson(r.get<std::string>()).dump();
+          const auto at = std::lower_bound(node.keys.begin(), node.keys.end(), escaped.substr(1, escaped.size() - 2));
+          if (at == node.keys.end() || *at != escaped.substr(1, escaped.size() - 2)) {
+            return invalid_argument(where + "required: '" + r.get<std::string>() + "' is not among the properties");
+          }
+          node.required |= uint64_t{1} << (at - node.keys.begin());
+        }
+      }
+      nodes_[static_cast<size_t>(index)] = node;  // the children are appended after this node
+      for (const auto& [key, sub] : keyed) {
+        PETREL_ASSIGN_OR_RETURN(int32_t child, add(*sub, where + "properties." + key + ".", depth + 1));
+        node.key_nodes.push_back(child);
+      }
+    } else {
+      node.any_object = true;
+    }
+  }
+  if ((node.types & kArray) && array_part && array_part->is_object() && array_part->contains("items")) {
+    nodes_[static_cast<size_t>(index)] = node;
+    PETREL_ASSIGN_OR_RETURN(node.items, add((*array_part)["items"], where + "items.", depth + 1));
+  }
+  nodes_[static_cast<size_t>(index)] = std::move(node);
+  return index;
+}
+
+Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const njson& schema) {
+  auto compiled = std::make_shared<JsonSchema>();
+  PETREL_ASSIGN_OR_RETURN(int32_t root, compiled->add(schema, "", 0));
+  const Node& r = compiled->nodes_[static_cast<size_t>(root)];
+  if (r.types != kObject) return invalid_argument("the schema's root must be an object (\"type\": \"object\")");
+  return std::shared_ptr<const JsonSchema>(std::move(compiled));
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
+  auto schema = std::make_shared<JsonSchema>();
+  Node node;
+  node.types = kObject;
+  node.any_object = true;
+  schema->nodes_.push_back(node);
+  return schema;
+}
+
+// ---- the automaton ----
+
+SchemaPrefix::SchemaPrefix(const JsonSchema* schema) : schema_(schema), pending_node_(schema->root()) {}
+
+bool SchemaPrefix::whitespace(unsigned char c) {
+  if (++ws_run_ > JsonPrefix::kMaxWhitespaceRun) return false;
+  if (c == '\n' || c == '\r') {
+    const bool crlf = c == '\n' && last_ws_cr_;
+    if (newline_in_run_ && !crlf) return false;
+    newline_in_run_ = true;
+  }
+  last_ws_cr_ = c == '\r';
+  return true;
+}
+
+bool SchemaPrefix::value_done() {
+  value_ = Value::kNone;
+  if (depth_ == 0) {
+    done_ = true;
+    return true;
+  }
+  mode_ = Mode::kCommaOrClose;
+  return true;
+}
+
+bool SchemaPrefix::start_value(unsigned char c) {
+  if (pending_node_ < 0) {  // array items with no schema: any value
+    integer_only_ = false;
+    free_ = JsonPrefix::any_value();
+    if (!free_.feed(c)) return false;
+    value_ = Value::kScalar;
+    return free_.complete() ? value_done() : true;
+  }
+  const JsonSchema::Node& node = schema_->node(pending_node_);
+  value_node_ = pending_node_;
+  if (!node.literals.empty()) {  // enum/const: one of the texts
+    lo_ = 0;
+    hi_ = static_cast<uint32_t>(node.literals.size());
+    offset_ = 0;
+    value_ = Value::kLiteral;
+    return step(c);
+  }
+  const bool structured = node.types != JsonSchema::kAnyType;
+  if (c == '{' && (node.types & JsonSchema::kObject) && structured && !node.any_object) {
+    if (depth_ >= kMaxDepth) return false;
+    stack_[depth_++] = Frame{pending_node_, false, 0};
+    mode_ = Mode::kKeyOrClose;
+    return true;
+  }
+  if (c == '[' && (node.types & JsonSchema::kArray) && structured) {
+    if (depth_ >= kMaxDepth) return false;
+    stack_[depth_++] = Frame{pending_node_, true, 0};
+    mode_ = Mode::kValueOrClose;
+    return true;
+  }
+  // A string, number, boolean or null, or any value of an untyped node (or any object): JsonPrefix reads it.
+  uint8_t need = 0;
+  if (c == '"') need = JsonSchema::kString;
+  else if (c == '-' || (c >= '0' && c <= '9')) need = JsonSchema::kInteger;  // integers are numbers too
+  else if (c == 't' || c == 'f') need = JsonSchema::kBoolean;
+  else if (c == 'n') need = JsonSchema::kNull;
+  else if (c == '{') need = JsonSchema::kObject;
+  else if (c == '[') need = JsonSchema::kArray;
+  else return false;
+  if (!(node.types & need)) return false;
+  integer_only_ = (node.types & (JsonSchema::kNumber | JsonSchema::kInteger)) == JsonSchema::kInteger;
+  free_ = JsonPrefix::any_value();
+  if (!free_.feed(c)) return false;
+  value_ = Value::kScalar;
+  if (free_.complete()) return value_done();
+  return true;
+}
+
+bool SchemaPrefix::step(unsigned char c) {
+  if (done_) return false;
+  if (value_ == Value::kScalar) {
+    if (integer_only_ && free_.in_number() && (c == '.' || c == 'e' || c == 'E')) return false;
+    if (free_.feed(c)) return free_.complete() ? value_done() : true;
+    if (!free_.can_end()) return false;
+    value_done();  // a number ended by what follows it
+    return step(c);
+  }
+  if (value_ == Value::kLiteral) {
+    const auto& lits = schema_->node(value_node_).literals;
+    auto byte_at = [&](uint32_t i) { return lits[i].size() > offset_ ? static_cast<int>(static_cast<unsigned char>(lits[i][offset_])) : -1; };
+    uint32_t lo = lo_;
+    while (lo < hi_ && byte_at(lo) < static_cast<int>(c)) ++lo;
+    uint32_t end = lo;
+    while (end < hi_ && byte_at(end) == static_cast<int>(c)) ++end;
+    if (lo < end) {
+      lo_ = lo;
+      hi_ = end;
+      ++offset_;
+      // Complete once a text is matched that no other matching text extends (a string's closing quote).
+      if (lits[lo_].size() == offset_ && hi_ - lo_ == 1) return value_done();
+      return true;
+    }
+    if (lits[lo_].size() != offset_) return false;  // not one of the texts
+    value_done();  // a number literal ended by what follows it
+    return step(c);
+  }
+  const bool ws = c == ' ' || c == '\t' || c == '\n' || c == '\r';
+  if (mode_ == Mode::kInKey) {
+    const JsonSchema::Node& node = schema_->node(stack_[depth_ - 1].node);
+    bool continues = false;  // an escaped quote inside a key (keys are kept escaped): '"' goes on with it
+    for (uint32_t i = lo_; i < hi_ && !continues; ++i) continues = node.keys[i].size() > offset_ && node.keys[i][offset_] == '"';
+    if (c == '"' && !continues) {  // the key ends: it must be a property not yet given
+      if (lo_ >= hi_ || node.keys[lo_].size() != offset_) return false;
+      if (stack_[depth_ - 1].seen & (uint64_t{1} << lo_)) return false;
+      key_index_ = static_cast<int32_t>(lo_);
+      mode_ = Mode::kColon;
+      return true;
+    }
+    auto byte_at = [&](uint32_t i) { return node.keys[i].size() > offset_ ? static_cast<int>(static_cast<unsigned char>(node.keys[i][offset_])) : -1; };
+    uint32_t lo = lo_;
+    while (lo < hi_ && byte_at(lo) < static_cast<int>(c)) ++lo;
+    uint32_t end = lo;
+    while (end < hi_ && byte_at(end) == static_cast<int>(c)) ++end;
+    // A key already given may not be started again: some key not yet given must go on this way.
+    const uint64_t seen = stack_[depth_ - 1].seen;
+    bool open = false;
+    for (uint32_t i = lo; i < end && !open; ++i) open = !(seen & (uint64_t{1} << i));
+    if (!open) return false;
+    lo_ = lo;
+    hi_ = end;
+    ++offset_;
+    return true;
+  }
+  if (ws) return whitespace(c);
+  ws_run_ = 0;
+  newline_in_run_ = false;
+  last_ws_cr_ = false;
+  switch (mode_) {
+    case Mode::kValue: return start_value(c);
+    case Mode::kValueOrClose:
+      if (c == ']') {
+        --depth_;
+        return value_done();
+      }
+      pending_node_ = schema_->node(stack_[depth_ - 1].node).items;
+      return start_value(c);
+    case Mode::kKeyOrClose:
+    case Mode::kKey: {
+      Frame& f = stack_[depth_ - 1];
+      const JsonSchema::Node& node = schema_->node(f.node);
+      if (c == '}' && mode_ == Mode::kKeyOrClose) {
+        if ((f.seen & node.required) != node.required) return false;
+        --depth_;
+        return value_done();
+      }
+      if (c != '"') return false;
+      mode_ = Mode::kInKey;
+      lo_ = 0;
+      hi_ = static_cast<uint32_t>(node.keys.size());
+      offset_ = 0;
+      return hi_ > 0;
+    }
+    case Mode::kColon: {
+      if (c != ':') return false;
+      Frame& f = stack_[depth_ - 1];
+      f.seen |= uint64_t{1} << key_index_;
+      pending_node_ = schema_->node(f.node).key_nodes[static_cast<size_t>(key_index_)];
+      mode_ = Mode::kValue;
+      return true;
+    }
+    case Mode::kCommaOrClose: {
+      Frame& f = stack_[depth_ - 1];
+      const JsonSchema::Node& node = schema_->node(f.node);
+      if (f.array) {
+        if (c == ',') {
+          mode_ = Mode::kValue;
+          pending_node_ = node.items;
+          return true;
+        }
+        if (c == ']') {
+          --depth_;
+          return value_done();
+        }
+        return false;
+      }
+      if (c == ',') {
+        const uint64_t all = node.keys.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << node.keys.size()) - 1;
+        if ((f.seen & all) == all) return false;  // no property left to give
+        mode_ = Mode::kKey;
+        return true;
+      }
+      if (c == '}') {
+        if ((f.seen & node.required) != node.required) return false;
+        --depth_;
+        return value_done();
+      }
+      return false;
+    }
+    default: return false;
+  }
+}
+
+bool SchemaPrefix::feed(unsigned char c) {
+  const SchemaPrefix saved = *this;
+  if (step(c)) return true;
+  *this = saved;
+  return false;
+}
+
+bool SchemaPrefix::feed(std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    if (!step(c)) return false;
+  }
+  return true;
+}
+
+JsonSchemaConstraint::JsonSchemaConstraint(std::shared_ptr<const JsonTokenTable> table,
+                                           std::shared_ptr<const JsonSchema> schema, std::vector<int32_t> end_ids)
+    : table_(std::move(table)), schema_(std::move(schema)), end_ids_(std::move(end_ids)), state_(schema_.get()) {}
+
+void JsonSchemaConstraint::mask(std::span<float> logits) {
+  const auto ends = detail::end_logits(logits, end_ids_);
+  if (!detail::mask_tokens(state_, *table_, logits)) detail::allow_ends(logits, ends);
+}
+
+void JsonSchemaConstraint::accept(int32_t token) {
+  if (token < 0 || token >= table_->size() || table_->special(token)) return;
+  state_.feed(table_->bytes(token));
+}
+
+bool CallShape::literal_byte(const std::string& literal, unsigned char c, Part next) {
+  if (offset_ >= literal.size() || static_cast<unsigned char>(literal[offset_]) != c) return false;
+  if (++offset_ == literal.size()) {
+    part_ = next;
+    offset_ = 0;
+  }
+  return true;
+}
+
+bool CallShape::step(unsigned char c) {
+  switch (part_) {
+    case Part::kName: {
+      if (lo_ >= hi_) return false;
+      // The name so far is names[lo_, hi_)'s common prefix of length offset_ (names sorted); the closing quote,
+      // the first byte of after_name, may come once one of them is complete.
+      if (c == static_cast<unsigned char>(spec_->after_name[0]) && spec_->names[lo_].size() == offset_) {
+        arguments_ = SchemaPrefix(spec_->arguments[lo_].get());
+        part_ = Part::kAfterName;
+        offset_ = 1;
+        if (spec_->after_name.size() == 1) {
+          part_ = Part::kArguments;
+          offset_ = 0;
+        }
+        return true;
+      }
+      const auto& names = spec_->names;
+      auto byte_at = [&](uint32_t i) { return names[i].size() > offset_ ? static_cast<int>(static_cast<unsigned char>(names[i][offset_])) : -1; };
+      uint32_t lo = lo_, hi = hi_;
+      while (lo < hi && byte_at(lo) < static_cast<int>(c)) ++lo;
+      uint32_t end = lo;
+      while (end < hi && byte_at(end) == static_cast<int>(c)) ++end;
+      if (lo == end) return false;
+      lo_ = lo;
+      hi_ = end;
+      ++offset_;
+      return true;
+    }
+    case Part::kAfterName: return literal_byte(spec_->after_name, c, Part::kArguments);
+    case Part::kArguments:
+      if (!arguments_.feed(c)) return false;
+      if (arguments_.complete()) part_ = spec_->close.empty() ? Part::kDone : Part::kClose;
+      return true;
+    case Part::kClose: return literal_byte(spec_->close, c, Part::kDone);
+    case Part::kDone: return false;
+  }
+  return false;
+}
+
+bool CallShape::feed(unsigned char c) {
+  const CallShape saved = *this;
+  if (step(c)) return true;
+  *this = saved;
+  return false;
+}
+
+bool CallShape::feed(std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    if (!step(c)) return false;
+  }
+  return true;
+}
+
+CallShape::CallShape(const CallShapeSpec* spec) : spec_(spec) {
+  hi_ = static_cast<uint32_t>(spec->names.size());
+  part_ = spec->starts_at_arguments ? Part::kArguments : Part::kName;
+  if (spec->starts_at_arguments && !spec->arguments.empty()) arguments_ = SchemaPrefix(spec->arguments[0].get());
+}
+
+CallShapeConstraint::CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec,
+                                         std::vector<int32_t> end_ids)
+    : table_(std::move(table)), spec_(std::make_unique<CallShapeSpec>(std::move(spec))), end_ids_(std::move(end_ids)) {
+  std::vector<size_t> order(spec_->names.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return spec_->names[a] < spec_->names[b]; });
+  CallShapeSpec sorted = *spec_;
+  sorted.arguments.assign(spec_->names.size(), nullptr);
+  for (size_t i = 0; i < order.size(); ++i) {
+    sorted.names[i] = spec_->names[order[i]];
+    sorted.arguments[i] = order[i] < spec_->arguments.size() && spec_->arguments[order[i]] ? spec_->arguments[order[i]]
+                                                                                          : JsonSchema::any_object();
+  }
+  *spec_ = std::move(sorted);
+  state_ = CallShape(spec_.get());
+}
+
+void CallShapeConstraint::mask(std::span<float> logits) {
+  const auto ends = detail::end_logits(logits, end_ids_);
+  if (!detail::mask_tokens(state_, *table_, logits)) detail::allow_ends(logits, ends);
+}
+
+void CallShapeConstraint::accept(int32_t token) {
+  if (token < 0 || token >= table_->size() || table_->special(token)) return;
+  state_.feed(table_->bytes(token));
+}
+
+}  // namespace petrel

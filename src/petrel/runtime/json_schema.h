@@ -1,0 +1,179 @@
+// Schema-constrained decoding (response_format json_schema, and a forced tool call's arguments against the tool's
+// parameters): a JSON Schema compiled into a table of nodes, and a byte automaton (SchemaPrefix) that accepts
+// exactly the prefixes of JSON texts the compiled schema allows, used by the same token mask as JSON mode
+// (json_constraint.h).
+//
+// What a schema can say here (the common subset of tool and structured-output schemas, as OpenAI's strict mode):
+//  - "type": object, array, string, number, integer, boolean, null, or a list of them; absent, it is read from
+//    "properties" (object) or "items" (array), else any value;
+//  - object: "properties" (at most 64), "required"; keys other than the properties are not generated (OpenAI
+//    strict mode's additionalProperties false; a schema allowing them still gets a valid subset); an object with
+//    no properties is any object;
+//  - array: "items" (absent: any values);
+//  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
+//  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union.
+// Anything else that constrains ($ref, allOf, not, pattern, format, minimum, minLength, ...) is not enforced: the
+// value is only checked to be valid JSON of the allowed types. Keys come out in any order, each at most once, and
+// an object closes only when its required keys are there. The root must be an object.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "petrel/runtime/json_constraint.h"
+#include "petrel/util/status.h"
+
+namespace petrel {
+
+class JsonSchema {
+ public:
+  enum Type : uint8_t {
+    kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32, kNull = 64,
+    kAnyType = 127,
+  };
+  struct Node {
+    uint8_t types = kAnyType;
+    bool any_object = false;                // an object with no properties: any keys and values
+    std::vector<std::string> keys;          // object: property names as JSON string bodies (escaped), sorted
+    std::vector<int32_t> key_nodes;         // their schemas
+    uint64_t required = 0;                  // bit i: keys[i] is required
+    int32_t items = -1;                     // array: the items' schema, -1 any
+    std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
+  };
+
+  // Compiles `schema`; kInvalidArgument naming the place ("properties.city.type: ...") for what cannot be used.
+  static Result<std::shared_ptr<const JsonSchema>> compile(const nlohmann::json& schema);
+  // Any JSON object (a tool without a parameters schema).
+  static std::shared_ptr<const JsonSchema> any_object();
+
+  const Node& node(int32_t i) const { return nodes_[static_cast<size_t>(i)]; }
+  int32_t root() const { return 0; }
+
+ private:
+  Result<int32_t> add(const nlohmann::json& schema, const std::string& where, int depth);
+  std::vector<Node> nodes_;
+};
+
+// The automaton: the value of schema->root(), then nothing. Cheap to copy (a fixed-size stack of frames).
+class SchemaPrefix {
+ public:
+  static constexpr int kMaxDepth = 12;  // nested objects and arrays the schema itself describes
+
+  SchemaPrefix() = default;
+  explicit SchemaPrefix(const JsonSchema* schema);
+  bool feed(unsigned char c);         // false, state unchanged, when no allowed text continues this way
+  bool feed(std::string_view bytes);  // false when a byte is rejected (state then unspecified)
+  bool complete() const { return done_; }
+  bool in_plain_string() const { return value_ == Value::kScalar && free_.in_plain_string(); }
+
+ private:
+  enum class Value : uint8_t { kNone, kScalar, kLiteral };  // what the value being read is
+  enum class Mode : uint8_t {
+    kValue,          // a value of `pending_node_` starts (or whitespace)
+    kKeyOrClose,     // object: after '{'
+    kKey,            // object: after ','
+    kInKey,          // object: inside a key
+    kColon,          // object: after a key
+    kCommaOrClose,   // after a value in a container
+    kValueOrClose,   // array: after '['
+  };
+  struct Frame {
+    int32_t node = 0;
+    bool array = false;
+    uint64_t seen = 0;
+  };
+  bool step(unsigned char c);
+  bool start_value(unsigned char c);
+  bool value_done();
+  bool whitespace(unsigned char c);
+
+  const JsonSchema* schema_ = nullptr;
+  std::array<Frame, kMaxDepth> stack_{};
+  uint8_t depth_ = 0;
+  Mode mode_ = Mode::kValue;
+  bool done_ = false;
+  uint8_t ws_run_ = 0;
+  bool newline_in_run_ = false, last_ws_cr_ = false;  // as JsonPrefix: one line break a run
+  int32_t pending_node_ = 0;  // the schema of the value that starts next
+  // A key being read: the properties still matching (sorted range) and bytes so far.
+  uint32_t lo_ = 0, hi_ = 0, offset_ = 0;
+  int32_t key_index_ = -1;  // the key just read
+  // The value being read.
+  Value value_ = Value::kNone;
+  int32_t value_node_ = 0;
+  JsonPrefix free_;  // kScalar: a string, number or literal, or any value of an untyped node
+  bool integer_only_ = false;
+};
+
+// The constraint over one generation (GenerateOptions::constraint).
+class JsonSchemaConstraint final : public LogitConstraint {
+ public:
+  JsonSchemaConstraint(std::shared_ptr<const JsonTokenTable> table, std::shared_ptr<const JsonSchema> schema,
+                       std::vector<int32_t> end_ids);
+  void mask(std::span<float> logits) override;
+  void accept(int32_t token) override;
+  bool complete() const { return state_.complete(); }
+
+ private:
+  std::shared_ptr<const JsonTokenTable> table_;
+  std::shared_ptr<const JsonSchema> schema_;
+  std::vector<int32_t> end_ids_;
+  SchemaPrefix state_;
+};
+
+// A forced tool call's shape (the server's tool_choice "required" or a named function): after the call's opener,
+// the function name is one of `names` (skipped when starts_at_arguments: the opener already names it), then
+// `after_name` (the closing quote and the arguments key: `", "arguments": `), the arguments as one JSON object,
+// then `close` (the format's end: `}]</TOOLCALL>`), and nothing more. The arguments follow the named tool's
+// parameter schema (SchemaPrefix).
+// `arguments[i]` is names[i]'s parameter schema (JsonSchema::any_object() where a tool has none).
+struct CallShapeSpec {
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<const JsonSchema>> arguments;
+  std::string after_name;
+  std::string close;
+  bool starts_at_arguments = false;
+};
+
+// The byte automaton of a CallShapeSpec; cheap to copy (it points at the spec, which must outlive it).
+class CallShape {
+ public:
+  CallShape() = default;
+  explicit CallShape(const CallShapeSpec* spec);  // spec->names sorted, arguments in the same order
+  bool feed(unsigned char c);          // false, state unchanged, when the shape cannot continue this way
+  bool feed(std::string_view bytes);   // false when a byte is rejected (state then unspecified)
+  bool complete() const { return part_ == Part::kDone; }
+  bool in_plain_string() const { return part_ == Part::kArguments && arguments_.in_plain_string(); }
+
+ private:
+  enum class Part : uint8_t { kName, kAfterName, kArguments, kClose, kDone };
+  bool step(unsigned char c);
+  bool literal_byte(const std::string& literal, unsigned char c, Part next);
+
+  const CallShapeSpec* spec_ = nullptr;
+  Part part_ = Part::kName;
+  uint32_t lo_ = 0, hi_ = 0;  // kName: the names that still match
+  uint32_t offset_ = 0;       // bytes of the name or literal so far
+  SchemaPrefix arguments_;
+};
+
+class CallShapeConstraint final : public LogitConstraint {
+ public:
+  CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec, std::vector<int32_t> end_ids);
+  void mask(std::span<float> logits) override;
+  void accept(int32_t token) override;
+  bool complete() const { return state_.complete(); }
+
+ private:
+  std::shared_ptr<const JsonTokenTable> table_;
+  std::unique_ptr<CallShapeSpec> spec_;  // sorted names (and their schemas); its address stays put for state_
+  std::vector<int32_t> end_ids_;
+  CallShape state_;
+};
+
+}  // namespace petrel

@@ -1,0 +1,106 @@
+// The token mask that JSON mode, forced tool calls and schemas share (json_constraint.h, json_schema.h): a
+// template over their byte automata, which offer feed(byte) (state unchanged on failure), feed(bytes),
+// complete() and in_plain_string().
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "petrel/runtime/json_constraint.h"
+#include "petrel/util/parallel.h"
+
+namespace petrel::detail {
+
+
+inline constexpr float kNever = -std::numeric_limits<float>::infinity();
+
+// Masks the tokens that `state` (JsonPrefix or CallShape) cannot take next; false when none is left. Tokens
+// are judged by their first two bytes from tables made for this state (most are turned away there, uncopied);
+// only those that pass are stepped through from the state after their first byte. The vocabulary is split over
+// the thread pool (free between forward passes), each part with its own second-byte tables.
+template <typename Automaton>
+bool mask_tokens(const Automaton& state, const JsonTokenTable& table, std::span<float> logits) {
+  const int32_t n = static_cast<int32_t>(std::min<size_t>(logits.size(), static_cast<size_t>(table.size())));
+  std::fill(logits.begin() + n, logits.end(), kNever);  // ids the tokenizer does not know
+  if (state.complete()) {
+    std::fill(logits.begin(), logits.begin() + n, kNever);
+    return false;
+  }
+  const bool plain = state.in_plain_string();
+  std::array<bool, 256> first_ok;
+  std::array<Automaton, 256> after_first;
+  for (int c = 0; c < 256; ++c) {
+    after_first[static_cast<size_t>(c)] = state;
+    first_ok[static_cast<size_t>(c)] = after_first[static_cast<size_t>(c)].feed(static_cast<unsigned char>(c));
+  }
+  std::atomic<bool> any_allowed{false};
+  ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
+    std::vector<std::array<bool, 256>> second_ok(256);
+    std::array<bool, 256> second_ready{};
+    bool allowed = false;
+    for (int32_t id = static_cast<int32_t>(begin); id < static_cast<int32_t>(end); ++id) {
+      float& logit = logits[static_cast<size_t>(id)];
+      if (logit == kNever) continue;
+      if (table.special(id)) {
+        logit = kNever;
+        continue;
+      }
+      if (plain && table.plain_string_content(id)) {
+        allowed = true;
+        continue;
+      }
+      const std::string_view bytes = table.bytes(id);
+      const auto c0 = static_cast<unsigned char>(bytes[0]);
+      if (!first_ok[c0]) {
+        logit = kNever;
+        continue;
+      }
+      if (bytes.size() > 1) {
+        if (!second_ready[c0]) {
+          for (int c = 0; c < 256; ++c) {
+            Automaton trial = after_first[c0];
+            second_ok[c0][static_cast<size_t>(c)] = trial.feed(static_cast<unsigned char>(c));
+          }
+          second_ready[c0] = true;
+        }
+        if (!second_ok[c0][static_cast<unsigned char>(bytes[1])]) {
+          logit = kNever;
+          continue;
+        }
+        Automaton trial = after_first[c0];
+        if (!trial.feed(bytes.substr(1))) {
+          logit = kNever;
+          continue;
+        }
+      }
+      allowed = true;
+    }
+    if (allowed) any_allowed.store(true, std::memory_order_relaxed);
+  }, 4096);
+  return any_allowed.load();
+}
+
+// The end tokens may follow a complete text, or end one nothing can continue (which a byte-level vocabulary,
+// spelling every byte, never leaves) rather than sampling from nothing.
+inline void allow_ends(std::span<float> logits, const std::vector<std::pair<int32_t, float>>& ends) {
+  const bool all_never = std::all_of(ends.begin(), ends.end(), [](const auto& e) { return e.second == kNever; });
+  for (const auto& [id, value] : ends) logits[static_cast<size_t>(id)] = all_never ? 0.0f : value;
+}
+
+inline std::vector<std::pair<int32_t, float>> end_logits(std::span<const float> logits, const std::vector<int32_t>& end_ids) {
+  std::vector<std::pair<int32_t, float>> ends;
+  for (int32_t id : end_ids) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) ends.emplace_back(id, logits[static_cast<size_t>(id)]);
+  }
+  return ends;
+}
+
+
+}  // namespace petrel::detail
