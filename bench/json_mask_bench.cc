@@ -11,8 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "bench_util.h"
 #include "petrel/runtime/json_constraint.h"
+#include "petrel/runtime/json_schema.h"
 #include "petrel/util/parallel.h"
 
 using petrel::bench::median_us;
@@ -47,6 +50,25 @@ int main(int argc, char** argv) {
       {"in a string value", "{\"name\": \"Par"}, {"in a number", "{\"n\": 12"}, {"after a value", "{\"n\": 12, \"a\": true"}};
   for (const auto& [name, text] : states) {
     petrel::JsonObjectConstraint constraint(table, {128009});
+    auto ids = tokenizer->encode(text, petrel::EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
+    for (int32_t id : *ids) constraint.accept(id);
+    const double us = median_us(reps, [&] {
+      work = logits;
+      constraint.mask(work);
+    });
+    const auto allowed = std::count_if(work.begin(), work.end(), [](float v) { return v > -1e30f; });
+    std::printf("| %s (`%s`) | %.0f | %lld |\n", name, text, us, static_cast<long long>(allowed));
+  }
+  // The same under a tool's parameter schema (json_schema.h): object keys from a list, typed values.
+  auto schema = petrel::JsonSchema::compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"location": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+          "days": {"type": "integer"}}, "required": ["location"]})"));
+  if (!schema.ok()) return 1;
+  const std::pair<const char*, const char*> schema_states[] = {
+      {"schema: start", ""}, {"schema: a key", "{\"lo"}, {"schema: a string value", "{\"location\": \"Par"},
+      {"schema: an enum value", "{\"location\": \"Paris\", \"unit\": \"cel"}, {"schema: after a value", "{\"days\": 3"}};
+  for (const auto& [name, text] : schema_states) {
+    petrel::JsonSchemaConstraint constraint(table, *schema, {128009});
     auto ids = tokenizer->encode(text, petrel::EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
     for (int32_t id : *ids) constraint.accept(id);
     const double us = median_us(reps, [&] {
