@@ -23,7 +23,10 @@ gptq-g128-e8-h4g128|--group-size 128 --embedding-bits 8 --lm-head-bits 4 --lm-he
 gptq-g64-e8-h4g64|--group-size 64 --embedding-bits 8 --lm-head-bits 4 --lm-head-group-size 64;\
 gptq-g64-e8g64-h4g64|--group-size 64 --embedding-bits 8 --embedding-group-size 64 --lm-head-bits 4 --lm-head-group-size 64;\
 gptq-g32-e8-h4g32|--group-size 32 --embedding-bits 8 --lm-head-bits 4 --lm-head-group-size 32;\
-gptq-g32-e4g32-h4g32|--group-size 32 --embedding-bits 4 --embedding-group-size 32 --lm-head-bits 4 --lm-head-group-size 32"
+gptq-g32-e4g32-h4g32|--group-size 32 --embedding-bits 4 --embedding-group-size 32 --lm-head-bits 4 --lm-head-group-size 32;\
+gptq-g128-e4g128-h4g128-mvd|--group-size 128 --embedding-bits 4 --embedding-group-size 128 --lm-head-bits 4 --lm-head-group-size 128 --more-bits v_proj,down_proj;\
+gptq-g128-e8-h4g128-mvd|--group-size 128 --embedding-bits 8 --lm-head-bits 4 --lm-head-group-size 128 --more-bits v_proj,down_proj;\
+gptq-g64-e8-h4g64-mvd|--group-size 64 --embedding-bits 8 --lm-head-bits 4 --lm-head-group-size 64 --more-bits v_proj,down_proj"
 ROWS="${ROWS:-$DEFAULT_ROWS}"
 params=$(python3 - "$MODEL/model.safetensors" <<'PY'
 import json, struct, sys

@@ -430,6 +430,51 @@ TEST(QuantizedEmbedding, BadOptionsAreRefusedNamingTheTable) {
   EXPECT_FALSE(fs::exists(dir / "b"));
 }
 
+// --more-bits: 8-bit v and down projections in llama.cpp Q4_K_M's layers, declared per module in GPTQModel's
+// `dynamic` overrides; read back by the loader, which refuses a file whose bits its config does not declare.
+TEST(MoreBits, EightBitModulesWhereQ4KMPutsThemDeclaredAndReadBack) {
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < 32; ++l) {
+    if (quant::more_bits_layer(l, 32)) layers.push_back(l);
+  }
+  // llama.cpp's use_more_bits for 32 layers: 0-3, 28-31 and 6, 9, ..., 27.
+  EXPECT_EQ(layers, (std::vector<int64_t>{0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}));
+
+  TempDir dir("more_bits");
+  const fs::path q = dir / "q";
+  auto r = run_command(cli() + " quantize -q --method rtn --more-bits v_proj,down_proj --checkpoint " + tiny() + " --out " + q.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto ckpt = SafetensorsCheckpoint::open(q);
+  ASSERT_TRUE(ckpt.ok());
+  for (int l = 0; l < 6; ++l) {  // 6 layers: layers 2 and 5 get more bits
+    const int bits = (l == 2 || l == 5) ? 8 : 4;
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    EXPECT_EQ(ckpt->tensor(p + "self_attn.v_proj.qweight")->shape, (std::vector<int64_t>{256 * bits / 32, 64})) << l;
+    EXPECT_EQ(ckpt->tensor(p + "mlp.down_proj.qweight")->shape, (std::vector<int64_t>{768 * bits / 32, 256})) << l;
+    EXPECT_EQ(ckpt->tensor(p + "self_attn.q_proj.qweight")->shape, (std::vector<int64_t>{256 * 4 / 32, 256})) << l;
+  }
+  auto config = nlohmann::ordered_json::parse(*read_text_file(q / "config.json"));
+  EXPECT_EQ(config["quantization_config"]["dynamic"]["+:model\\.layers\\.5\\.mlp\\.down_proj"]["bits"], 8);
+  r = run_command(cli() + " validate -q --checkpoint " + q.string() + " --reference " + tiny() + " --max-windows 3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto model = LlamaModel::load(q);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_EQ((*model)->weights().layers[2].down_proj.gptq.bits, 8);
+  EXPECT_EQ((*model)->weights().layers[3].down_proj.gptq.bits, 4);
+
+  // A config that does not declare the 8-bit modules: refused, naming the tensor and both widths.
+  config["quantization_config"]["dynamic"].erase("+:model\\.layers\\.2\\.self_attn\\.v_proj");
+  ASSERT_TRUE(write_file_atomic(q / "config.json", config.dump(2)).ok());
+  auto lying = LlamaModel::load(q);
+  ASSERT_FALSE(lying.ok());
+  EXPECT_NE(lying.status().message().find("model.layers.2.self_attn.v_proj"), std::string::npos) << lying.status().message();
+  EXPECT_NE(lying.status().message().find("stored with 8 bits, config.json says 4"), std::string::npos) << lying.status().message();
+
+  r = run_command(cli() + " quantize -q --method rtn --more-bits v_prj --checkpoint " + tiny() + " --out " + (dir / "bad").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'v_prj' is not one of"), std::string::npos) << r.output;
+}
+
 TEST(ExportBalance, SplitsContiguousGroupsMinimisingTheLargestPart) {
   auto starts = balance_parts({10, 3, 3, 3, 3, 3, 3, 10}, 3);
   ASSERT_TRUE(starts.ok());

@@ -24,6 +24,7 @@ struct QuantizeFlags {
   int lm_head_bits = 8;
   int64_t lm_head_group_size = -1;
   int embedding_bits = 16;
+  std::vector<std::string> more_bits;
   int64_t embedding_group_size = -1;
   std::vector<std::string> calib;
   double calib_fraction = 0.9;
@@ -72,6 +73,7 @@ int run_quantize(const QuantizeFlags& f) {
     o.lm_head_scheme.group_size = f.lm_head_group_size;
     o.lm_head_scheme.clip_search = !f.no_clip_search;
   }
+  o.more_bits_modules = f.more_bits;
   if (f.embedding_bits != 16) {
     o.quantize_embedding = true;
     o.embedding_scheme.bits = f.embedding_bits;
@@ -123,6 +125,10 @@ void add_quantize_command(CLI::App& app, CliContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--lm-head-group-size", f->lm_head_group_size, "LM head: -1 per output channel, else 32, 64, 128")
       ->capture_default_str();
+  cmd->add_option("--more-bits", f->more_bits,
+                  "8-bit for these projections (e.g. v_proj,down_proj) in the layers llama.cpp's Q4_K_M gives more "
+                  "bits: the first and last eighth and every third between")
+      ->delimiter(',');
   cmd->add_option("--embedding-bits", f->embedding_bits,
                   "Embedding table: 16 leaves it in the source dtype; 8 or 4 quantize it (RTN per token row; petrel "
                   "reads the result, vLLM and transformers do not)")

@@ -1,6 +1,7 @@
 #include "petrel/io/hf_config.h"
 
 #include <algorithm>
+#include <regex>
 
 #include "petrel/util/file.h"
 
@@ -16,6 +17,13 @@ const char* rope_scaling_name(RopeScalingType type) {
     case RopeScalingType::kLinear: return "linear";
   }
   return "?";
+}
+
+int GptqConfig::bits_for(const std::string& module) const {
+  for (const Override& o : dynamic) {
+    if (std::regex_match(module, std::regex(o.pattern))) return o.bits;
+  }
+  return bits;
 }
 
 int64_t LlamaConfig::parameter_count() const {
@@ -142,6 +150,25 @@ Result<GptqConfig> parse_gptq_config(const json& q, const std::string& where) {
   PETREL_RETURN_IF_ERROR(r.optional_bool("sym", &g.symmetric));
   PETREL_RETURN_IF_ERROR(r.optional_bool("desc_act", &g.desc_act));
   PETREL_RETURN_IF_ERROR(r.optional_bool("lm_head", &g.lm_head_quantized));
+  if (q.contains("dynamic") && q["dynamic"].is_object()) {
+    for (auto it = q["dynamic"].begin(); it != q["dynamic"].end(); ++it) {
+      std::string key = it.key();
+      if (key.rfind("-:", 0) == 0) continue;
+      if (key.rfind("+:", 0) == 0) key = key.substr(2);
+      const json& o = it.value();
+      if (!o.is_object() || !o.contains("bits")) continue;
+      if (!o["bits"].is_number_integer() || (o["bits"].get<int>() != 4 && o["bits"].get<int>() != 8)) {
+        return unsupported(where + ".dynamic[\"" + it.key() + "\"].bits: petrel reads 4 and 8");
+      }
+      try {
+        std::regex check(key);
+        (void)check;
+      } catch (const std::regex_error&) {
+        return invalid_data(where + ".dynamic: '" + it.key() + "' is not a regular expression");
+      }
+      g.dynamic.push_back({key, o["bits"].get<int>()});
+    }
+  }
   std::string format = "gptq";
   PETREL_RETURN_IF_ERROR(r.optional_string("checkpoint_format", &format));
   if (format == "gptq") g.zero_offset = 1;

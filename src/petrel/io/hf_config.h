@@ -40,7 +40,18 @@ struct GptqConfig {
   bool desc_act = false;
   int zero_offset = 1;  // checkpoint_format "gptq" (v1) stores zero - 1; "gptq_v2" stores the zero
   bool lm_head_quantized = false;
+  // GPTQModel's per-module overrides ("dynamic": {"+:REGEX": {"bits": 8, ...}}), in file order: a module whose
+  // name the regex matches whole is stored with those bits ("-:" entries, modules left unquantized, are read
+  // from the tensors themselves).
+  struct Override {
+    std::string pattern;
+    int bits = 4;
+  };
+  std::vector<Override> dynamic;
   nlohmann::json raw;  // the whole object, for tools that want petrel's extensions
+
+  // The bits `module` ("model.layers.3.mlp.down_proj") is stored with: the first matching override's, else bits.
+  int bits_for(const std::string& module) const;
 };
 
 struct LlamaConfig {

@@ -51,8 +51,9 @@ Result<LinearWeight> gptq_linear_from(const TensorSource& ckpt, const GptqConfig
   }
   const int bits = static_cast<int>(qweight.shape[0] * 32 / in_features);
   if (bits != 4 && bits != 8) return unsupported(where + ": " + std::to_string(bits) + "-bit weights");
-  if (bits != q.bits && name != "lm_head" && name != "model.embed_tokens") {
-    return invalid_data(where + ": stored with " + std::to_string(bits) + " bits, config.json says " + std::to_string(q.bits));
+  if (bits != q.bits_for(name) && name != "lm_head" && name != "model.embed_tokens") {
+    return invalid_data(where + ": stored with " + std::to_string(bits) + " bits, config.json says " +
+                        std::to_string(q.bits_for(name)));
   }
   PETREL_ASSIGN_OR_RETURN(TensorView scales, ckpt.tensor(name + ".scales"));
   if (scales.dtype != DType::kF16 || scales.shape.size() != 2 || scales.shape[1] != out_features ||

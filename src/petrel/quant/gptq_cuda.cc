@@ -292,7 +292,7 @@ Result<std::unique_ptr<CudaCalibration>> CudaCalibration::create(const LlamaConf
 }
 
 Status CudaCalibration::quantize_layer(const std::array<TensorView, kLinears>& weights, const TensorView& input_norm,
-                                       const TensorView& post_norm, const QuantScheme& scheme,
+                                       const TensorView& post_norm, const std::array<QuantScheme, kLinears>& schemes,
                                        const GptqOptions& options, const std::string& prefix,
                                        const char* const* names, const OnStart& on_start, const OnResult& on_result) {
   Impl& m = *impl_;
@@ -318,7 +318,7 @@ Status CudaCalibration::quantize_layer(const std::array<TensorView, kLinears>& w
     for (int i : linears) {
       on_start(i);
       PETREL_ASSIGN_OR_RETURN(QuantizedMatrix q, quantize_gptq_device(m.context, m.w[i].as<float>(), m.out_features[i],
-                                                                       m.in_features[i], inverse, scheme, options,
+                                                                       m.in_features[i], inverse, schemes[i], options,
                                                                        prefix + names[i]));
       PETREL_RETURN_IF_ERROR(on_result(i, q));
     }

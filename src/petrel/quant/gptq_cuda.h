@@ -113,7 +113,8 @@ class CudaCalibration {
   // weights[i]: linear i's [out, in] weight in its stored dtype; prefix ("model.layers.3.") and names name the
   // tensors in errors.
   Status quantize_layer(const std::array<TensorView, kLinears>& weights, const TensorView& input_norm,
-                        const TensorView& post_norm, const QuantScheme& scheme, const GptqOptions& options,
+                        const TensorView& post_norm, const std::array<QuantScheme, kLinears>& schemes,
+                        const GptqOptions& options,
                         const std::string& prefix, const char* const* names, const OnStart& on_start,
                         const OnResult& on_result);
   // The LM head [vocab, hidden] from the Hessian of the final normed hidden states. Frees the per-layer device

@@ -26,6 +26,10 @@ using ojson = nlohmann::ordered_json;
 
 const char* method_name(QuantMethod method) { return method == QuantMethod::kRtn ? "rtn" : "gptq"; }
 
+bool more_bits_layer(int64_t layer, int64_t n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
 const char* device_name(QuantDevice device) {
   switch (device) {
     case QuantDevice::kAuto: return "auto";
@@ -39,6 +43,16 @@ namespace {
 
 const char* kLinearNames[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                               "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+// "model.layers.3.mlp.down_proj" as a regex that matches only itself (GPTQModel's `dynamic` keys are regexes).
+std::string exact_regex(const std::string& name) {
+  std::string out;
+  for (char ch : name) {
+    if (ch == '.') out += "\\.";
+    else out += ch;
+  }
+  return out;
+}
 
 std::vector<float> to_f32(const TensorView& v) {
   std::vector<float> out(v.num_elements());
@@ -135,6 +149,27 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     PETREL_RETURN_IF_ERROR(validate_scheme(options.scheme, in_features[i], kLinearNames[i]));
   }
   if (options.quantize_lm_head) PETREL_RETURN_IF_ERROR(validate_scheme(options.lm_head_scheme, h, "lm_head"));
+  // Each decoder linear's scheme: the layers' default, or more bits where asked (more_bits_modules).
+  bool more_bits_of[7] = {};
+  for (const std::string& m : options.more_bits_modules) {
+    bool known = false;
+    for (int i = 0; i < 7; ++i) {
+      const std::string full = kLinearNames[i];
+      if (full.substr(full.find('.') + 1) == m) more_bits_of[i] = known = true;
+    }
+    if (!known) return invalid_argument("--more-bits: '" + m + "' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+  }
+  QuantScheme more_scheme = options.scheme;
+  more_scheme.bits = options.more_bits;
+  auto scheme_for = [&](int64_t layer, int i) -> const QuantScheme& {
+    return more_bits_of[i] && more_bits_layer(layer, c.num_hidden_layers) ? more_scheme : options.scheme;
+  };
+  if (!options.more_bits_modules.empty()) {
+    if (options.more_bits <= options.scheme.bits) {
+      return invalid_argument("--more-bits needs more bits than the layers' " + std::to_string(options.scheme.bits));
+    }
+    for (int i = 0; i < 7; ++i) PETREL_RETURN_IF_ERROR(validate_scheme(more_scheme, in_features[i], kLinearNames[i]));
+  }
   if (options.quantize_embedding) {
     PETREL_RETURN_IF_ERROR(validate_scheme(options.embedding_scheme, h, "model.embed_tokens"));
     if (c.vocab_size % (32 / options.embedding_scheme.bits) != 0) {
@@ -171,7 +206,7 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
     for (int i = 0; i < 7; ++i) {
       PETREL_ASSIGN_OR_RETURN(TensorView v, ckpt.tensor(p + kLinearNames[i] + ".weight", {out_features[i], in_features[i]}));
       (void)v;
-      add_gptq_specs(specs, p + kLinearNames[i], out_features[i], in_features[i], options.scheme);
+      add_gptq_specs(specs, p + kLinearNames[i], out_features[i], in_features[i], scheme_for(l, i));
     }
   }
   PETREL_ASSIGN_OR_RETURN(TensorView final_norm, ckpt.tensor("model.norm.weight", {h}));
@@ -249,7 +284,7 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
       for (int i = 0; i < 7; ++i) {
         progress.update(7.0 * l + i, note(i));
         PETREL_ASSIGN_OR_RETURN(TensorView w, ckpt.tensor(p + kLinearNames[i] + ".weight"));
-        PETREL_ASSIGN_OR_RETURN(GptqTensors t, rtn_streaming(w, options.scheme));
+        PETREL_ASSIGN_OR_RETURN(GptqTensors t, rtn_streaming(w, scheme_for(l, i)));
         ckpt.release(w);
         PETREL_RETURN_IF_ERROR(write_gptq(*writer, p + kLinearNames[i], t));
       }
@@ -262,8 +297,10 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
       }
       PETREL_ASSIGN_OR_RETURN(TensorView in_norm, ckpt.tensor(p + "input_layernorm.weight"));
       PETREL_ASSIGN_OR_RETURN(TensorView post_norm, ckpt.tensor(p + "post_attention_layernorm.weight"));
+      std::array<QuantScheme, 7> schemes;
+      for (int i = 0; i < 7; ++i) schemes[static_cast<size_t>(i)] = scheme_for(l, i);
       PETREL_RETURN_IF_ERROR(gpu->quantize_layer(
-          weights, in_norm, post_norm, options.scheme, options.gptq, p, kLinearNames,
+          weights, in_norm, post_norm, schemes, options.gptq, p, kLinearNames,
           [&](int i) { progress.update(7.0 * l + i, note(i)); },
           [&](int i, const QuantizedMatrix& q) -> Status {
             PETREL_ASSIGN_OR_RETURN(GptqTensors t, pack_gptq(q));
@@ -299,7 +336,7 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
       const std::vector<double> hessian = acc.to_matrix();
       for (int i : linears) {
         progress.update(7.0 * l + i, note(i));
-        auto result = quantize_gptq(layer.w[i], out_features[i], in_features[i], hessian, options.scheme, options.gptq);
+        auto result = quantize_gptq(layer.w[i], out_features[i], in_features[i], hessian, scheme_for(l, i), options.gptq);
         if (!result.ok()) return result.status().with_context(p + kLinearNames[i]);
         PETREL_ASSIGN_OR_RETURN(GptqTensors t, pack_gptq(*result));
         PETREL_RETURN_IF_ERROR(write_gptq(*writer, p + kLinearNames[i], t));
@@ -432,11 +469,22 @@ Status quantize_checkpoint(const fs::path& source, const fs::path& out, const Qu
   };
   if (options.quantize_lm_head) qc["dynamic"]["+:lm_head"] = override_of(options.lm_head_scheme);
   if (options.quantize_embedding) qc["dynamic"]["+:model.embed_tokens"] = override_of(options.embedding_scheme);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int i = 0; i < 7; ++i) {
+      if (&scheme_for(l, i) == &more_scheme) {
+        qc["dynamic"]["+:" + exact_regex("model.layers." + std::to_string(l) + "." + kLinearNames[i])] = override_of(more_scheme);
+      }
+    }
+  }
   ojson recipe;
   recipe["method"] = method_name(options.method);
   recipe["scheme"] = options.scheme.to_string();
   recipe["clip_search"] = options.scheme.clip_search;
   recipe["lm_head"] = options.quantize_lm_head ? options.lm_head_scheme.to_string() : "unquantized";
+  if (!options.more_bits_modules.empty()) {
+    recipe["more_bits"] = {{"modules", options.more_bits_modules}, {"scheme", more_scheme.to_string()},
+                           {"layers", "llama.cpp use_more_bits: first and last eighth, every third between"}};
+  }
   recipe["embedding"] = options.quantize_embedding ? options.embedding_scheme.to_string() + " rtn"
                                                    : std::string(dtype_name(embed.dtype));
   if (gptq) {

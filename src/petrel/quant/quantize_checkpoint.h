@@ -42,6 +42,11 @@ struct QuantizeOptions {
   // GPTQ loaders other than petrel (vLLM, transformers) expect a float embedding.
   bool quantize_embedding = false;
   QuantScheme embedding_scheme{8, -1, true};
+  // More bits where llama.cpp's Q4_K_M spends them: these projections ("v_proj", "down_proj"; any of the seven
+  // short names) at `more_bits` bits (the same group size) in the first and last eighth of the layers and every
+  // third layer between (more_bits_layer()); declared per module in quantization_config.dynamic.
+  std::vector<std::string> more_bits_modules;
+  int more_bits = 8;
   CalibrationOptions calibration;  // GPTQ only
   GptqOptions gptq;
   uint64_t max_shard_bytes = 5'000'000'000;
@@ -59,6 +64,9 @@ struct QuantizeReport {
   uint64_t output_bytes = 0;
   QuantDevice device = QuantDevice::kCpu;  // where GPTQ ran (kAuto resolved)
 };
+
+// llama.cpp's use_more_bits(i, n): the layers Q4_K_M gives its larger type for v and down.
+bool more_bits_layer(int64_t layer, int64_t n_layers);
 
 Status quantize_checkpoint(const std::filesystem::path& source, const std::filesystem::path& out,
                            const QuantizeOptions& options, QuantizeReport* report = nullptr);
