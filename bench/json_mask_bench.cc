@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
   const std::pair<const char*, const char*> states[] = {
       {"start", ""}, {"after '{'", "{"}, {"in a key", "{\"na"}, {"after ':'", "{\"name\": "},
       {"in a string value", "{\"name\": \"Par"}, {"in a number", "{\"n\": 12"}, {"after a value", "{\"n\": 12, \"a\": true"}};
-  for (const auto& [name, text] : states) {
-    petrel::JsonObjectConstraint constraint(table, {128009});
+  // One row: the constraint after `text`, its mask timed.
+  auto row = [&](petrel::LogitConstraint& constraint, const char* name, const char* text) {
     auto ids = tokenizer->encode(text, petrel::EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
     for (int32_t id : *ids) constraint.accept(id);
     const double us = median_us(reps, [&] {
@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
     });
     const auto allowed = std::count_if(work.begin(), work.end(), [](float v) { return v > -1e30f; });
     std::printf("| %s (`%s`) | %.0f | %lld |\n", name, text, us, static_cast<long long>(allowed));
+  };
+  for (const auto& [name, text] : states) {
+    petrel::JsonObjectConstraint constraint(table, {128009});
+    row(constraint, name, text);
   }
   // The same under a tool's parameter schema (json_schema.h): object keys from a list, typed values.
   auto schema = petrel::JsonSchema::compile(nlohmann::json::parse(
@@ -69,14 +73,7 @@ int main(int argc, char** argv) {
       {"schema: an enum value", "{\"location\": \"Paris\", \"unit\": \"cel"}, {"schema: after a value", "{\"days\": 3"}};
   for (const auto& [name, text] : schema_states) {
     petrel::JsonSchemaConstraint constraint(table, *schema, {128009});
-    auto ids = tokenizer->encode(text, petrel::EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
-    for (int32_t id : *ids) constraint.accept(id);
-    const double us = median_us(reps, [&] {
-      work = logits;
-      constraint.mask(work);
-    });
-    const auto allowed = std::count_if(work.begin(), work.end(), [](float v) { return v > -1e30f; });
-    std::printf("| %s (`%s`) | %.0f | %lld |\n", name, text, us, static_cast<long long>(allowed));
+    row(constraint, name, text);
   }
   std::printf("| copy of the logits alone | %.0f | |\n", median_us(reps, [&] { work = logits; }));
   return 0;

@@ -57,19 +57,9 @@ bool JsonPrefix::can_end() const {
   return endable && depth_ == 0;
 }
 
-bool JsonPrefix::feed(unsigned char c) {
-  const JsonPrefix saved = *this;
-  if (step(c)) return true;
-  *this = saved;
-  return false;
-}
+bool JsonPrefix::feed(unsigned char c) { return feed_byte_restoring(*this, c); }
 
-bool JsonPrefix::feed(std::string_view bytes) {
-  for (unsigned char c : bytes) {
-    if (!step(c)) return false;
-  }
-  return true;
-}
+bool JsonPrefix::feed(std::string_view bytes) { return feed_bytes(*this, bytes); }
 
 bool JsonPrefix::after_value() {
   mode_ = depth_ == 0 ? Mode::kDone : Mode::kCommaOrClose;
@@ -143,17 +133,6 @@ bool JsonPrefix::string_byte(unsigned char c) {
   } else {
     return false;
   }
-  return true;
-}
-
-bool JsonPrefix::whitespace(unsigned char c) {
-  if (++ws_run_ > kMaxWhitespaceRun) return false;
-  if (c == '\n' || c == '\r') {
-    const bool crlf = c == '\n' && last_ws_cr_;
-    if (newline_in_run_ && !crlf) return false;
-    newline_in_run_ = true;
-  }
-  last_ws_cr_ = c == '\r';
   return true;
 }
 
@@ -238,10 +217,8 @@ bool JsonPrefix::step(unsigned char c) {
     default: break;
   }
   // Between tokens of the structure.
-  if (is_whitespace(c)) return whitespace(c);
-  ws_run_ = 0;
-  newline_in_run_ = false;
-  last_ws_cr_ = false;
+  if (is_whitespace(c)) return ws_.take(c, kMaxWhitespaceRun);
+  ws_.reset();
   switch (mode_) {
     case Mode::kStart:
       if (c != '{') return false;

@@ -27,6 +27,41 @@
 
 namespace petrel {
 
+// Whitespace between JSON tokens, as the automata here allow it: at most `limit` bytes in a row with at most one
+// line break among them (\n, or \r\n). take() a whitespace byte (false when over the limit); reset() at any
+// other byte.
+struct WhitespaceRun {
+  uint8_t length = 0;
+  bool newline = false, last_cr = false;
+  bool take(unsigned char c, int limit) {
+    if (++length > limit) return false;
+    if (c == '\n' || c == '\r') {
+      if (newline && !(c == '\n' && last_cr)) return false;
+      newline = true;
+    }
+    last_cr = c == '\r';
+    return true;
+  }
+  void reset() { *this = WhitespaceRun{}; }
+};
+
+// feed() for the automata here: one byte with the state restored on failure, or bytes (state unspecified on
+// failure), over their step().
+template <typename Automaton>
+bool feed_byte_restoring(Automaton& a, unsigned char c) {
+  const Automaton saved = a;
+  if (a.step(c)) return true;
+  a = saved;
+  return false;
+}
+template <typename Automaton>
+bool feed_bytes(Automaton& a, std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    if (!a.step(c)) return false;
+  }
+  return true;
+}
+
 class JsonPrefix {
  public:
   static constexpr int kMaxDepth = 32;
@@ -63,19 +98,18 @@ class JsonPrefix {
     kLiteral,  // true/false/null: literal_ points at the rest
     kDone,
   };
+  template <typename A> friend bool feed_byte_restoring(A&, unsigned char);
+  template <typename A> friend bool feed_bytes(A&, std::string_view);
   bool step(unsigned char c);  // feed() without restoring the state on failure
   bool open_value(unsigned char c);
   bool after_value();  // a value ended: what follows depends on the container
   bool end_number(unsigned char c);
   bool string_byte(unsigned char c);
-  bool whitespace(unsigned char c);
 
   Mode mode_ = Mode::kStart;
   bool string_is_key_ = false;
   uint8_t depth_ = 0;
-  uint8_t ws_run_ = 0;
-  bool newline_in_run_ = false;  // a run of whitespace holds at most one line break (\n, or \r\n)
-  bool last_ws_cr_ = false;
+  WhitespaceRun ws_;
   uint8_t unicode_left_ = 0;
   uint16_t unicode_value_ = 0;
   bool need_low_surrogate_ = false;  // a \uD800-\uDBFF escape must be followed by a \uDC00-\uDFFF one

@@ -150,17 +150,6 @@ std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
 
 SchemaPrefix::SchemaPrefix(const JsonSchema* schema) : schema_(schema), pending_node_(schema->root()) {}
 
-bool SchemaPrefix::whitespace(unsigned char c) {
-  if (++ws_run_ > JsonPrefix::kMaxWhitespaceRun) return false;
-  if (c == '\n' || c == '\r') {
-    const bool crlf = c == '\n' && last_ws_cr_;
-    if (newline_in_run_ && !crlf) return false;
-    newline_in_run_ = true;
-  }
-  last_ws_cr_ = c == '\r';
-  return true;
-}
-
 bool SchemaPrefix::value_done() {
   value_ = Value::kNone;
   if (depth_ == 0) {
@@ -274,10 +263,8 @@ bool SchemaPrefix::step(unsigned char c) {
     ++offset_;
     return true;
   }
-  if (ws) return whitespace(c);
-  ws_run_ = 0;
-  newline_in_run_ = false;
-  last_ws_cr_ = false;
+  if (ws) return ws_.take(c, JsonPrefix::kMaxWhitespaceRun);
+  ws_.reset();
   switch (mode_) {
     case Mode::kValue: return start_value(c);
     case Mode::kValueOrClose:
@@ -343,19 +330,9 @@ bool SchemaPrefix::step(unsigned char c) {
   }
 }
 
-bool SchemaPrefix::feed(unsigned char c) {
-  const SchemaPrefix saved = *this;
-  if (step(c)) return true;
-  *this = saved;
-  return false;
-}
+bool SchemaPrefix::feed(unsigned char c) { return feed_byte_restoring(*this, c); }
 
-bool SchemaPrefix::feed(std::string_view bytes) {
-  for (unsigned char c : bytes) {
-    if (!step(c)) return false;
-  }
-  return true;
-}
+bool SchemaPrefix::feed(std::string_view bytes) { return feed_bytes(*this, bytes); }
 
 JsonSchemaConstraint::JsonSchemaConstraint(std::shared_ptr<const JsonTokenTable> table,
                                            std::shared_ptr<const JsonSchema> schema, std::vector<int32_t> end_ids)
@@ -419,19 +396,9 @@ bool CallShape::step(unsigned char c) {
   return false;
 }
 
-bool CallShape::feed(unsigned char c) {
-  const CallShape saved = *this;
-  if (step(c)) return true;
-  *this = saved;
-  return false;
-}
+bool CallShape::feed(unsigned char c) { return feed_byte_restoring(*this, c); }
 
-bool CallShape::feed(std::string_view bytes) {
-  for (unsigned char c : bytes) {
-    if (!step(c)) return false;
-  }
-  return true;
-}
+bool CallShape::feed(std::string_view bytes) { return feed_bytes(*this, bytes); }
 
 CallShape::CallShape(const CallShapeSpec* spec) : spec_(spec) {
   hi_ = static_cast<uint32_t>(spec->names.size());

@@ -87,18 +87,18 @@ class SchemaPrefix {
     bool array = false;
     uint64_t seen = 0;
   };
+  template <typename A> friend bool feed_byte_restoring(A&, unsigned char);
+  template <typename A> friend bool feed_bytes(A&, std::string_view);
   bool step(unsigned char c);
   bool start_value(unsigned char c);
   bool value_done();
-  bool whitespace(unsigned char c);
 
   const JsonSchema* schema_ = nullptr;
   std::array<Frame, kMaxDepth> stack_{};
   uint8_t depth_ = 0;
   Mode mode_ = Mode::kValue;
   bool done_ = false;
-  uint8_t ws_run_ = 0;
-  bool newline_in_run_ = false, last_ws_cr_ = false;  // as JsonPrefix: one line break a run
+  WhitespaceRun ws_;
   int32_t pending_node_ = 0;  // the schema of the value that starts next
   // A key being read: the properties still matching (sorted range) and bytes so far.
   uint32_t lo_ = 0, hi_ = 0, offset_ = 0;
@@ -152,6 +152,8 @@ class CallShape {
 
  private:
   enum class Part : uint8_t { kName, kAfterName, kArguments, kClose, kDone };
+  template <typename A> friend bool feed_byte_restoring(A&, unsigned char);
+  template <typename A> friend bool feed_bytes(A&, std::string_view);
   bool step(unsigned char c);
   bool literal_byte(const std::string& literal, unsigned char c, Part next);
 
