@@ -3,15 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "petrel/kernels/ref/ops.h"
+
 namespace petrel::eval {
 
 void log_softmax(std::span<const float> logits, std::vector<double>& out) {
   out.resize(logits.size());
-  double max_logit = -INFINITY;
-  for (float v : logits) max_logit = std::max(max_logit, static_cast<double>(v));
-  double sum = 0;
-  for (float v : logits) sum += std::exp(v - max_logit);
-  const double log_z = max_logit + std::log(sum);
+  const double log_z = ref::log_sum_exp(logits);
   for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - log_z;
 }
 

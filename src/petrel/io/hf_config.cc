@@ -21,7 +21,7 @@ const char* rope_scaling_name(RopeScalingType type) {
 
 int GptqConfig::bits_for(const std::string& module) const {
   for (const Override& o : dynamic) {
-    if (std::regex_match(module, std::regex(o.pattern))) return o.bits;
+    if (std::regex_match(module, o.regex)) return o.bits;
   }
   return bits;
 }
@@ -160,13 +160,13 @@ Result<GptqConfig> parse_gptq_config(const json& q, const std::string& where) {
       if (!o["bits"].is_number_integer() || (o["bits"].get<int>() != 4 && o["bits"].get<int>() != 8)) {
         return unsupported(where + ".dynamic[\"" + it.key() + "\"].bits: petrel reads 4 and 8");
       }
+      std::regex regex;
       try {
-        std::regex check(key);
-        (void)check;
+        regex = std::regex(key);
       } catch (const std::regex_error&) {
         return invalid_data(where + ".dynamic: '" + it.key() + "' is not a regular expression");
       }
-      g.dynamic.push_back({key, o["bits"].get<int>()});
+      g.dynamic.push_back({key, std::move(regex), o["bits"].get<int>()});
     }
   }
   std::string format = "gptq";

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct GptqConfig {
   // from the tensors themselves).
   struct Override {
     std::string pattern;
+    std::regex regex;  // the pattern, compiled once when the config is read
     int bits = 4;
   };
   std::vector<Override> dynamic;

@@ -51,7 +51,8 @@ Result<LinearWeight> gptq_linear_from(const TensorSource& ckpt, const GptqConfig
   }
   const int bits = static_cast<int>(qweight.shape[0] * 32 / in_features);
   if (bits != 4 && bits != 8) return unsupported(where + ": " + std::to_string(bits) + "-bit weights");
-  if (bits != q.bits_for(name) && name != "lm_head" && name != "model.embed_tokens") {
+  // The head may differ without a `dynamic` entry (AutoGPTQ's lm_head); petrel's quantized embedding has one.
+  if (bits != q.bits_for(name) && name != "lm_head") {
     return invalid_data(where + ": stored with " + std::to_string(bits) + " bits, config.json says " +
                         std::to_string(q.bits_for(name)));
   }

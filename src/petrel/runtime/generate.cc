@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "petrel/kernels/ref/ops.h"
 #include "petrel/model/cuda_model.h"
 
 namespace petrel {
@@ -64,11 +65,7 @@ Result<Continuation> continue_generation(const LlamaModel& model, KvCache& cache
 }
 
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top) {
-  double max = -INFINITY;
-  for (float v : logits) max = std::max(max, static_cast<double>(v));
-  double sum = 0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - max);
-  const double log_z = max + std::log(sum);
+  const double log_z = ref::log_sum_exp(logits);
   TokenLogprobs out;
   out.token = token;
   out.logprob = static_cast<float>(static_cast<double>(logits[static_cast<size_t>(token)]) - log_z);

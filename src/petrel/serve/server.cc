@@ -74,18 +74,24 @@ Status EngineGenerator::configure_tools(std::string_view tool_format, Completion
   return ok_status();
 }
 
+const std::shared_ptr<const JsonTokenTable>& EngineGenerator::json_tokens() {
+  if (!json_tokens_) {
+    json_tokens_ = JsonTokenTable::build(*engine_->tokenizer(), static_cast<int32_t>(engine_->model().config().vocab_size));
+  }
+  return json_tokens_;
+}
+
 Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const GenerationEvents& events) {
   PETREL_ASSIGN_OR_RETURN(ChatPrompt prompt, build_chat_prompt(*engine_->tokenizer(), *engine_->templates(), turn.messages,
                                                                turn.tools, turn.prompt));
   if (!turn.output_prefix.empty()) return run_forced(prompt, turn, events);
   if (!turn.json_object && !turn.schema) return run_prompt(prompt, turn.generation, events);
-  if (!json_tokens_) json_tokens_ = JsonTokenTable::build(*engine_->tokenizer(), static_cast<int32_t>(engine_->model().config().vocab_size));
   const std::vector<int32_t> ends = turn.generation.stop_token_ids.value_or(engine_->model().config().eos_token_ids);
   std::optional<JsonObjectConstraint> object;
   std::optional<JsonSchemaConstraint> schema;
   GenerationConfig config = turn.generation;
-  if (turn.schema) config.constraint = &schema.emplace(json_tokens_, turn.schema, ends);
-  else config.constraint = &object.emplace(json_tokens_, ends);
+  if (turn.schema) config.constraint = &schema.emplace(json_tokens(), turn.schema, ends);
+  else config.constraint = &object.emplace(json_tokens(), ends);
   return run_prompt(prompt, config, events);
 }
 
@@ -155,8 +161,7 @@ Result<ChatOutput> EngineGenerator::run_forced(const ChatPrompt& prompt, const C
   rest.max_new_tokens -= used;
   std::optional<CallShapeConstraint> shape;
   if (turn.call_shape) {  // the name one of the tools', the arguments an object, then the format's close
-    if (!json_tokens_) json_tokens_ = JsonTokenTable::build(*engine_->tokenizer(), static_cast<int32_t>(engine_->model().config().vocab_size));
-    shape.emplace(json_tokens_, *turn.call_shape, rest.stop_token_ids.value_or(engine_->model().config().eos_token_ids));
+    shape.emplace(json_tokens(), *turn.call_shape, rest.stop_token_ids.value_or(engine_->model().config().eos_token_ids));
     rest.constraint = &*shape;
   }
   PETREL_ASSIGN_OR_RETURN(out, run_prompt(forced, rest, events, /*report_start=*/false));

@@ -56,7 +56,8 @@ class EngineGenerator : public ChatGenerator {
 
   std::shared_ptr<const Engine> engine_;
   std::unique_ptr<Session> session_;
-  std::shared_ptr<const JsonTokenTable> json_tokens_;  // JSON mode's token bytes, built at its first use
+  const std::shared_ptr<const JsonTokenTable>& json_tokens();  // built at first use
+  std::shared_ptr<const JsonTokenTable> json_tokens_;
 };
 
 struct ServerOptions {

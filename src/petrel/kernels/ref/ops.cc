@@ -133,6 +133,14 @@ float dot(const float* a, const float* b, int64_t n) {
   return ((partial[0] + partial[4]) + (partial[1] + partial[5])) + ((partial[2] + partial[6]) + (partial[3] + partial[7]));
 }
 
+double log_sum_exp(std::span<const float> x) {
+  double max = -INFINITY;
+  for (float v : x) max = std::max(max, static_cast<double>(v));
+  double sum = 0;
+  for (float v : x) sum += std::exp(static_cast<double>(v) - max);
+  return max + std::log(sum);
+}
+
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   const float max_value = *std::max_element(x, x + n);

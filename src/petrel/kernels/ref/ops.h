@@ -62,6 +62,9 @@ float dot(const float* a, const float* b, int64_t n);
 // Numerically stable softmax of x[n] in place.
 void softmax(float* x, int64_t n);
 
+// log(sum_i exp(x[i])) in double, shifted by the maximum: the normalizer of a log-softmax (x[i] - it).
+double log_sum_exp(std::span<const float> x);
+
 }  // namespace petrel::ref
 
 namespace petrel::ref {
