@@ -219,6 +219,86 @@ TEST(JsonObjectConstraint, RandomWalksThroughTheMaskAreJsonObjects) {
   EXPECT_GT(completed, 100);
 }
 
+// Logits that depend only on the position and the last token, from no model: a backend that reports
+// computes_on_device() as asked, so that the decoding loop's side thread (which prepares the constraint's mask
+// during the step) runs without a GPU and without sharing the thread pool with a CPU forward pass.
+class FakeForward final : public ForwardPass {
+ public:
+  FakeForward(int64_t vocab, bool on_device) : on_device_(on_device) { config_.vocab_size = vocab; }
+  const LlamaConfig& config() const override { return config_; }
+  int64_t position() const override { return position_; }
+  int64_t context_length() const override { return 4096; }
+  Status prompt(std::span<const int32_t> tokens, int64_t, LogitsMode, std::vector<float>* logits) override {
+    position_ += static_cast<int64_t>(tokens.size());
+    fill(tokens.back(), logits);
+    return ok_status();
+  }
+  Status step(int32_t token, std::vector<float>* logits) override {
+    ++position_;
+    fill(token, logits);
+    return ok_status();
+  }
+  void truncate(int64_t n) override { position_ = std::min(position_, n); }
+  void reset() override { position_ = 0; }
+  bool computes_on_device() const override { return on_device_; }
+
+ private:
+  void fill(int32_t token, std::vector<float>* logits) const {
+    std::mt19937 rng(static_cast<uint32_t>(position_ * 131071 + token));
+    std::uniform_real_distribution<float> u(0.0f, 8.0f);
+    logits->resize(static_cast<size_t>(config_.vocab_size));
+    for (float& v : *logits) v = u(rng);
+  }
+  LlamaConfig config_;
+  bool on_device_;
+  int64_t position_ = 0;
+};
+
+// A mask prepared ahead (LogitConstraint::prepare, on the decoding loop's side thread when the backend computes
+// on a device) is the mask computed when the logits arrive: the same logits at every step of a random walk, and
+// the same tokens from the decoding loop with and without the side thread.
+TEST(JsonObjectConstraint, APreparedMaskIsTheMaskComputedAtOnce) {
+  auto engine = testing::tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  const int64_t vocab = engine->model().config().vocab_size;
+  auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(vocab));
+  const std::vector<int32_t> ends = engine->model().config().eos_token_ids;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> noise(0.0f, 4.0f);
+  JsonObjectConstraint ahead(table, ends), at_once(table, ends);
+  for (int step = 0; step < 120; ++step) {
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& v : logits) v = noise(rng);
+    std::vector<float> other = logits;
+    ahead.prepare();
+    ahead.prepare();  // idempotent until the state moves
+    ahead.mask(logits);
+    at_once.mask(other);
+    ASSERT_EQ(logits, other) << "step " << step;
+    const int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (std::find(ends.begin(), ends.end(), token) != ends.end()) break;
+    ahead.accept(token);
+    at_once.accept(token);
+  }
+  std::vector<std::vector<int32_t>> answers;
+  for (bool on_device : {false, true}) {
+    FakeForward forward(vocab, on_device);
+    JsonObjectConstraint constraint(table, ends);
+    GenerateOptions options;
+    options.sampler.temperature = 1.0f;
+    options.sampler.seed = 7;
+    options.max_new_tokens = 60;  // no stop ids: once the object closes, end tokens until the limit
+    options.constraint = &constraint;
+    std::vector<int32_t> history;
+    const std::vector<int32_t> prompt = {128000, 9906};
+    auto result = continue_generation(forward, history, prompt, options, nullptr);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    answers.push_back(result->tokens);
+  }
+  EXPECT_EQ(answers[0], answers[1]);
+  EXPECT_EQ(answers[0].size(), 60u);
+}
+
 // Constrained sampling on tiny-llama31 (a story model that never writes JSON by itself): every answer that ends
 // is a JSON object; one cut off by max_tokens is a prefix of one.
 TEST(JsonObjectConstraint, SampledAnswersAreJsonObjects) {

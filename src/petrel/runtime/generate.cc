@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/model/cuda_model.h"
@@ -80,6 +84,61 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int t
   return out;
 }
 
+namespace {
+
+// One task at a time on a thread of its own, started and awaited by the decoding loop: a constraint's next mask
+// while the GPU computes the logits it will apply to. The thread starts at the first task and ends with the loop.
+class SideTask {
+ public:
+  SideTask() = default;
+  SideTask(const SideTask&) = delete;
+  SideTask& operator=(const SideTask&) = delete;
+  ~SideTask() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void start(std::function<void()> task) {
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task_ = std::move(task);
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return !task_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return quit_ || task_; });
+      if (!task_) return;  // quit_, nothing pending
+      std::function<void()> task = task_;
+      lock.unlock();
+      task();
+      lock.lock();
+      task_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::function<void()> task_;
+  bool quit_ = false;
+};
+
+}  // namespace
+
 Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32_t>& history,
                                          std::span<const int32_t> new_tokens, const GenerateOptions& options,
                                          const TokenCallback& on_token, const std::atomic<bool>* abort) {
@@ -122,6 +181,8 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
   }
   history.insert(history.end(), new_tokens.begin(), new_tokens.end());
   auto t_first = clock::now();
+  const bool overlap_mask = options.constraint && forward.computes_on_device();
+  SideTask side;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     if (step > 0) {
       if (abort && abort->load()) {
@@ -132,11 +193,11 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
         result.reason = StopReason::kContextFull;
         break;
       }
-      if (top_only) {
-        PETREL_RETURN_IF_ERROR(forward.step_top(result.tokens.back(), k, &top));
-      } else {
-        PETREL_RETURN_IF_ERROR(forward.step(result.tokens.back(), &logits));
-      }
+      // The constraint's next mask depends only on the tokens so far: on a GPU it is computed meanwhile.
+      if (overlap_mask) side.start([&] { options.constraint->prepare(); });
+      Status stepped = top_only ? forward.step_top(result.tokens.back(), k, &top) : forward.step(result.tokens.back(), &logits);
+      if (overlap_mask) side.wait();
+      PETREL_RETURN_IF_ERROR(stepped);
       history.push_back(result.tokens.back());
     }
     if (options.constraint) options.constraint->mask(logits);

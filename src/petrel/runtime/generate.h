@@ -38,6 +38,9 @@ class ForwardPass {
   virtual Status step_top(int32_t, int, TopLogits*) { return unsupported("step_top"); }
   virtual void truncate(int64_t n) = 0;  // forget positions >= n
   virtual void reset() = 0;
+  // True where a step leaves the host's cores idle while it runs (the GPU), so that the decoding loop may use them
+  // meanwhile (LogitConstraint::prepare); false where the step computes on the host's thread pool.
+  virtual bool computes_on_device() const { return false; }
 };
 
 // The CPU: LlamaModel::process_prompt / forward over a host KvCache.
@@ -76,6 +79,7 @@ class CudaForward final : public ForwardPass {
   Status step_top(int32_t token, int k, TopLogits* top) override;
   void truncate(int64_t n) override;
   void reset() override;
+  bool computes_on_device() const override { return true; }
 
  private:
   Status check_room(int64_t n) const;  // kOutOfRange unless n more positions fit
@@ -86,10 +90,13 @@ class CudaForward final : public ForwardPass {
 
 // Restricts what may be sampled (JSON mode, runtime/json_constraint.h): mask() sets the logits of the tokens that
 // may not come next to -infinity, accept() is told each token chosen. Log-probabilities are then those of the
-// masked logits.
+// masked logits. prepare() may do ahead what the next mask() needs of the state left by the last accept(): the
+// decoding loop calls it on a thread of its own while a GPU computes the logits (ForwardPass::computes_on_device),
+// so that the mask's host time hides behind the step; mask() gives the same result whether it ran or not.
 class LogitConstraint {
  public:
   virtual ~LogitConstraint() = default;
+  virtual void prepare() {}
   virtual void mask(std::span<float> logits) = 0;
   virtual void accept(int32_t token) = 0;
 };

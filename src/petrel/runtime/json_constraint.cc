@@ -285,12 +285,12 @@ std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tok
 JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids)
     : table_(std::move(table)), end_ids_(std::move(end_ids)) {}
 
-void JsonObjectConstraint::mask(std::span<float> logits) {
-  const auto ends = detail::end_logits(logits, end_ids_);
-  if (!detail::mask_tokens(state_, *table_, logits)) detail::allow_ends(logits, ends);
-}
+void JsonObjectConstraint::prepare() { detail::prepare_mask(state_, *table_, mask_); }
+
+void JsonObjectConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
 
 void JsonObjectConstraint::accept(int32_t token) {
+  mask_.ready = false;
   if (token < 0 || token >= table_->size() || table_->special(token)) return;
   state_.feed(table_->bytes(token));
 }

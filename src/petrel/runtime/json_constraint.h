@@ -138,10 +138,18 @@ class JsonTokenTable {
   std::vector<uint8_t> kind_;
 };
 
+// A constraint's token mask for its current state (token_mask.h computes and applies it): computed ahead by
+// LogitConstraint::prepare() or else at mask(), and forgotten when accept() moves the state.
+struct PreparedMask {
+  std::vector<uint8_t> allowed;  // [vocabulary]: 1 where the state can take the token next
+  bool ready = false;
+};
+
 // The constraint over one generation (GenerateOptions::constraint).
 class JsonObjectConstraint final : public LogitConstraint {
  public:
   JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids);
+  void prepare() override;
   void mask(std::span<float> logits) override;
   void accept(int32_t token) override;
   bool complete() const { return state_.complete(); }
@@ -150,6 +158,7 @@ class JsonObjectConstraint final : public LogitConstraint {
   std::shared_ptr<const JsonTokenTable> table_;
   std::vector<int32_t> end_ids_;
   JsonPrefix state_;
+  PreparedMask mask_;
 };
 
 }  // namespace petrel

@@ -338,12 +338,12 @@ JsonSchemaConstraint::JsonSchemaConstraint(std::shared_ptr<const JsonTokenTable>
                                            std::shared_ptr<const JsonSchema> schema, std::vector<int32_t> end_ids)
     : table_(std::move(table)), schema_(std::move(schema)), end_ids_(std::move(end_ids)), state_(schema_.get()) {}
 
-void JsonSchemaConstraint::mask(std::span<float> logits) {
-  const auto ends = detail::end_logits(logits, end_ids_);
-  if (!detail::mask_tokens(state_, *table_, logits)) detail::allow_ends(logits, ends);
-}
+void JsonSchemaConstraint::prepare() { detail::prepare_mask(state_, *table_, mask_); }
+
+void JsonSchemaConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
 
 void JsonSchemaConstraint::accept(int32_t token) {
+  mask_.ready = false;
   if (token < 0 || token >= table_->size() || table_->special(token)) return;
   state_.feed(table_->bytes(token));
 }
@@ -423,12 +423,12 @@ CallShapeConstraint::CallShapeConstraint(std::shared_ptr<const JsonTokenTable> t
   state_ = CallShape(spec_.get());
 }
 
-void CallShapeConstraint::mask(std::span<float> logits) {
-  const auto ends = detail::end_logits(logits, end_ids_);
-  if (!detail::mask_tokens(state_, *table_, logits)) detail::allow_ends(logits, ends);
-}
+void CallShapeConstraint::prepare() { detail::prepare_mask(state_, *table_, mask_); }
+
+void CallShapeConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
 
 void CallShapeConstraint::accept(int32_t token) {
+  mask_.ready = false;
   if (token < 0 || token >= table_->size() || table_->special(token)) return;
   state_.feed(table_->bytes(token));
 }

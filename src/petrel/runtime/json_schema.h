@@ -115,6 +115,7 @@ class JsonSchemaConstraint final : public LogitConstraint {
  public:
   JsonSchemaConstraint(std::shared_ptr<const JsonTokenTable> table, std::shared_ptr<const JsonSchema> schema,
                        std::vector<int32_t> end_ids);
+  void prepare() override;
   void mask(std::span<float> logits) override;
   void accept(int32_t token) override;
   bool complete() const { return state_.complete(); }
@@ -124,6 +125,7 @@ class JsonSchemaConstraint final : public LogitConstraint {
   std::shared_ptr<const JsonSchema> schema_;
   std::vector<int32_t> end_ids_;
   SchemaPrefix state_;
+  PreparedMask mask_;
 };
 
 // A forced tool call's shape (the server's tool_choice "required" or a named function): after the call's opener,
@@ -167,6 +169,7 @@ class CallShape {
 class CallShapeConstraint final : public LogitConstraint {
  public:
   CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec, std::vector<int32_t> end_ids);
+  void prepare() override;
   void mask(std::span<float> logits) override;
   void accept(int32_t token) override;
   bool complete() const { return state_.complete(); }
@@ -176,6 +179,7 @@ class CallShapeConstraint final : public LogitConstraint {
   std::unique_ptr<CallShapeSpec> spec_;  // sorted names (and their schemas); its address stays put for state_
   std::vector<int32_t> end_ids_;
   CallShape state_;
+  PreparedMask mask_;
 };
 
 }  // namespace petrel

@@ -21,18 +21,16 @@ namespace petrel::detail {
 
 inline constexpr float kNever = -std::numeric_limits<float>::infinity();
 
-// Masks the tokens that `state` (JsonPrefix or CallShape) cannot take next; false when none is left. Tokens
-// are judged by their first two bytes from tables made for this state (most are turned away there, uncopied);
-// only those that pass are stepped through from the state after their first byte. The vocabulary is split over
-// the thread pool (free between forward passes), each part with its own second-byte tables.
+// Marks in allowed[id] the tokens that `state` (JsonPrefix, SchemaPrefix or CallShape) can take next (1) or not
+// (0); false when none can. Tokens are judged by their first two bytes from tables made for this state (most are
+// turned away there, uncopied); only those that pass are stepped through from the state after their first byte.
+// The vocabulary is split over the thread pool, each part with its own second-byte tables. Needs no logits, so a
+// decoding loop can run it while the GPU computes them (LogitConstraint::prepare).
 template <typename Automaton>
-bool mask_tokens(const Automaton& state, const JsonTokenTable& table, std::span<float> logits) {
-  const int32_t n = static_cast<int32_t>(std::min<size_t>(logits.size(), static_cast<size_t>(table.size())));
-  std::fill(logits.begin() + n, logits.end(), kNever);  // ids the tokenizer does not know
-  if (state.complete()) {
-    std::fill(logits.begin(), logits.begin() + n, kNever);
-    return false;
-  }
+bool allowed_tokens(const Automaton& state, const JsonTokenTable& table, std::vector<uint8_t>& allowed) {
+  const int32_t n = table.size();
+  allowed.assign(static_cast<size_t>(n), 0);
+  if (state.complete()) return false;
   const bool plain = state.in_plain_string();
   std::array<bool, 256> first_ok;
   std::array<Automaton, 256> after_first;
@@ -44,45 +42,30 @@ bool mask_tokens(const Automaton& state, const JsonTokenTable& table, std::span<
   ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
     std::vector<std::array<bool, 256>> second_ok(256);
     std::array<bool, 256> second_ready{};
-    bool allowed = false;
+    bool any = false;
     for (int32_t id = static_cast<int32_t>(begin); id < static_cast<int32_t>(end); ++id) {
-      float& logit = logits[static_cast<size_t>(id)];
-      if (logit == kNever) continue;
-      if (table.special(id)) {
-        logit = kNever;
-        continue;
-      }
-      if (plain && table.plain_string_content(id)) {
-        allowed = true;
-        continue;
-      }
-      const std::string_view bytes = table.bytes(id);
-      const auto c0 = static_cast<unsigned char>(bytes[0]);
-      if (!first_ok[c0]) {
-        logit = kNever;
-        continue;
-      }
-      if (bytes.size() > 1) {
-        if (!second_ready[c0]) {
-          for (int c = 0; c < 256; ++c) {
-            Automaton trial = after_first[c0];
-            second_ok[c0][static_cast<size_t>(c)] = trial.feed(static_cast<unsigned char>(c));
+      if (table.special(id)) continue;
+      if (!(plain && table.plain_string_content(id))) {
+        const std::string_view bytes = table.bytes(id);
+        const auto c0 = static_cast<unsigned char>(bytes[0]);
+        if (!first_ok[c0]) continue;
+        if (bytes.size() > 1) {
+          if (!second_ready[c0]) {
+            for (int c = 0; c < 256; ++c) {
+              Automaton trial = after_first[c0];
+              second_ok[c0][static_cast<size_t>(c)] = trial.feed(static_cast<unsigned char>(c));
+            }
+            second_ready[c0] = true;
           }
-          second_ready[c0] = true;
-        }
-        if (!second_ok[c0][static_cast<unsigned char>(bytes[1])]) {
-          logit = kNever;
-          continue;
-        }
-        Automaton trial = after_first[c0];
-        if (!trial.feed(bytes.substr(1))) {
-          logit = kNever;
-          continue;
+          if (!second_ok[c0][static_cast<unsigned char>(bytes[1])]) continue;
+          Automaton trial = after_first[c0];
+          if (!trial.feed(bytes.substr(1))) continue;
         }
       }
-      allowed = true;
+      allowed[static_cast<size_t>(id)] = 1;
+      any = true;
     }
-    if (allowed) any_allowed.store(true, std::memory_order_relaxed);
+    if (any) any_allowed.store(true, std::memory_order_relaxed);
   }, 4096);
   return any_allowed.load();
 }
@@ -102,5 +85,31 @@ inline std::vector<std::pair<int32_t, float>> end_logits(std::span<const float> 
   return ends;
 }
 
+
+// PreparedMask (json_constraint.h) for the constraint's current state, unless it is ready.
+template <typename Automaton>
+void prepare_mask(const Automaton& state, const JsonTokenTable& table, PreparedMask& mask) {
+  if (mask.ready) return;
+  allowed_tokens(state, table, mask.allowed);
+  mask.ready = true;
+}
+
+// A constraint's mask() over its state: the logits of the tokens `state` cannot take (and of ids the tokenizer does
+// not know) set to -infinity, from `mask` (prepared now if it was not); where none is left, only `end_ids` may
+// follow, with their logits as they were.
+template <typename Automaton>
+void apply_mask(const Automaton& state, const JsonTokenTable& table, const std::vector<int32_t>& end_ids, PreparedMask& mask,
+                std::span<float> logits) {
+  const auto ends = end_logits(logits, end_ids);
+  prepare_mask(state, table, mask);
+  const size_t n = std::min(logits.size(), mask.allowed.size());
+  bool any = false;
+  for (size_t id = 0; id < n; ++id) {
+    if (!mask.allowed[id]) logits[id] = kNever;
+    any |= logits[id] != kNever;
+  }
+  std::fill(logits.begin() + static_cast<std::ptrdiff_t>(n), logits.end(), kNever);
+  if (!any) allow_ends(logits, ends);
+}
 
 }  // namespace petrel::detail
