@@ -89,36 +89,17 @@ Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& 
   return linear;
 }
 
-// The embedding table on the device as a dense matrix for cuda::embedding_lookup: a float table as stored; a
-// quantized one (petrel quantize --embedding-bits) dequantized on the host to float32, exactly the CPU's values,
-// in slices of rows so that no whole float copy is ever held. (A lookup that reads the GPTQ words on the device
-// would keep the table at its stored size; the float32 copy costs 4 bytes a weight, 2.1 GB for Llama-3.1-8B.)
-Result<cuda::DeviceBuffer> upload_embedding(const LinearWeight& table, cuda::HostUploader& up, cuda::DeviceDenseMatrix* view) {
-  if (table.kind == LinearWeight::Kind::kDense) {
-    const ref::DenseMatrix& m = table.dense;
-    PETREL_ASSIGN_OR_RETURN(cuda::DeviceBuffer buffer,
-                            upload_bytes(m.data, static_cast<size_t>(m.rows * m.cols) * dtype_size(m.dtype),
-                                         "model.embed_tokens.weight", up));
-    *view = cuda::DeviceDenseMatrix{m.dtype, m.rows, m.cols, buffer.data()};
-    return buffer;
+// The embedding table on the device as stored: a float table read by cuda::embedding_lookup, or GPTQ codes
+// (petrel quantize --embedding-bits) read by cuda::embedding_lookup_gptq, which dequantizes the rows it looks up
+// to the CPU's float32 values, so a quantized table costs its stored size (Llama-3.1-8B at 8 bits: 0.5 GB, not
+// 2.1 GB of float32). A tied LM head reads the same device copy.
+struct DeviceEmbedding {
+  DeviceLinear table;
+  Status lookup(const int32_t* tokens, int64_t n_tokens, float* out, cuda::Stream s) const {
+    return table.gptq ? cuda::embedding_lookup_gptq(table.quantized.view(), tokens, n_tokens, out, s)
+                      : cuda::embedding_lookup(table.dense, tokens, n_tokens, out, s);
   }
-  const ref::GptqMatrix& g = table.gptq;
-  auto buffer = cuda::DeviceBuffer::allocate(static_cast<size_t>(g.rows * g.cols) * 4);
-  if (!buffer.ok()) return Status(buffer.status().code(), "model.embed_tokens: " + buffer.status().message());
-  const int64_t slice_rows = std::max<int64_t>(1, (int64_t{16} << 20) / (4 * g.cols));
-  std::vector<float> slice(static_cast<size_t>(std::min(slice_rows, g.rows) * g.cols));
-  for (int64_t r0 = 0; r0 < g.rows; r0 += slice_rows) {
-    const int64_t n = std::min(slice_rows, g.rows - r0);
-    ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) g.row_to_f32(r0 + r, slice.data() + r * g.cols);
-    }, 64);
-    char* device = static_cast<char*>(buffer->data()) + static_cast<size_t>(r0 * g.cols) * 4;
-    Status copied = up.copy(device, slice.data(), static_cast<size_t>(n * g.cols) * 4);
-    if (!copied.ok()) return Status(copied.code(), "model.embed_tokens: " + copied.message());
-  }
-  *view = cuda::DeviceDenseMatrix{DType::kF32, g.rows, g.cols, buffer->data()};
-  return std::move(buffer).value();
-}
+};
 
 Status with_context(Status status, const std::string& what) {
   if (status.ok()) return status;
@@ -176,9 +157,7 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
   const LlamaWeights& w = model.weights();
   GpuMemoryNeed need;
   need.context_length = std::min(context_length, c.max_position_embeddings);
-  need.weight_bytes = (w.embed_tokens.kind == LinearWeight::Kind::kGptq ? 4 * w.embed_tokens.gptq.rows * w.embed_tokens.gptq.cols
-                                                                        : host_linear_bytes(w.embed_tokens)) +
-                      host_matrix_bytes(w.final_norm);
+  need.weight_bytes = host_linear_bytes(w.embed_tokens) + host_matrix_bytes(w.final_norm);
   for (const LlamaLayerWeights& l : w.layers) {
     need.weight_bytes += host_matrix_bytes(l.input_norm) + host_matrix_bytes(l.post_attn_norm);
     for (const LinearWeight* lin : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
@@ -239,8 +218,7 @@ struct CudaModel::State {
   // no sampler setting captures a graph in the middle of a generation).
   cuda::CudaGraph step_graph, logits_graph, top_graph;
 
-  cuda::DeviceBuffer embed_storage;
-  cuda::DeviceDenseMatrix embed;
+  DeviceEmbedding embed;
   std::vector<DeviceLayer> layers;
   DeviceNorm final_norm;
   DeviceLinear lm_head;
@@ -370,7 +348,7 @@ struct CudaModel::State {
       return f;
     };
     float* residual = x.as<float>();
-    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, residual, s));
+    PETREL_RETURN_IF_ERROR(embed.lookup(token, 1, residual, s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DeviceLayer& w = layers[l];
       uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
@@ -433,7 +411,7 @@ struct CudaModel::State {
     const int32_t* token = step_input.as<int32_t>();
     const int32_t* pos = token + 1;
     const cuda::DecodeAttentionShape attention = attention_shape();
-    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, x.as<float>(), s));
+    PETREL_RETURN_IF_ERROR(embed.lookup(token, 1, x.as<float>(), s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       PETREL_RETURN_IF_ERROR(resident.enqueue(static_cast<int>(l), s, overlap));
       PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
@@ -556,7 +534,7 @@ struct CudaModel::State {
     const int32_t* pos = token + 1;
     const cuda::RopeShape rope{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
     const cuda::DecodeAttentionShape attention = attention_shape();
-    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, token, 1, x.as<float>(), s));
+    PETREL_RETURN_IF_ERROR(embed.lookup(token, 1, x.as<float>(), s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       DeviceLayer& w = layers[l];
       uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
@@ -657,7 +635,7 @@ struct CudaModel::State {
     cuda::GemvOptions gemv;
     gemv.overlap_previous = overlap;
     gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
-    PETREL_RETURN_IF_ERROR(cuda::embedding_lookup(embed, p.tokens.as<int32_t>(), n, x_rows, s));
+    PETREL_RETURN_IF_ERROR(embed.lookup(p.tokens.as<int32_t>(), n, x_rows, s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DeviceLayer& w = layers[l];
       uint16_t* layer_keys = keys.as<uint16_t>() + l * kv_layer_elements();
@@ -969,8 +947,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   PETREL_ASSIGN_OR_RETURN(cuda::HostUploader up,
                           cuda::HostUploader::create(size_t{32} << 20, 3, std::clamp<int>(std::thread::hardware_concurrency(), 1, 8)));
   const LlamaWeights& w = model.weights();
-  PETREL_ASSIGN_OR_RETURN(s.embed_storage, upload_embedding(w.embed_tokens, up, &s.embed));
-  s.weight_bytes += static_cast<int64_t>(s.embed_storage.size());
+  PETREL_ASSIGN_OR_RETURN(s.embed.table, upload_linear(w.embed_tokens, "model.embed_tokens", up));
+  s.weight_bytes += s.embed.table.bytes();
   s.layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -993,7 +971,13 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   PETREL_ASSIGN_OR_RETURN(s.final_norm, upload_norm(w.final_norm, "model.norm", up));
   s.weight_bytes += static_cast<int64_t>(s.final_norm.storage.size());
   if (w.head_is_embedding()) {
-    s.lm_head.dense = s.embed;  // transformers ties lm_head to the embedding: one copy on the device too
+    // transformers ties lm_head to the embedding: one copy on the device too
+    s.lm_head.gptq = s.embed.table.gptq;
+    if (s.embed.table.gptq) {
+      s.lm_head.quantized = cuda::DeviceGptqWeights::borrow(s.embed.table.quantized.view());
+    } else {
+      s.lm_head.dense = s.embed.table.dense;
+    }
   } else {
     PETREL_ASSIGN_OR_RETURN(s.lm_head, upload_linear(w.lm_head, "lm_head", up));
     s.weight_bytes += s.lm_head.bytes();

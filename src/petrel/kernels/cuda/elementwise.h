@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/util/dtype.h"
 #include "petrel/util/status.h"
 
@@ -23,6 +24,12 @@ struct DeviceDenseMatrix {
 // host checks ids before it uploads them).
 Status embedding_lookup(const DeviceDenseMatrix& table, const int32_t* tokens, int64_t n_tokens, float* out,
                         Stream stream = nullptr);
+
+// The same lookup in a GPTQ table (petrel quantize --embedding-bits: token = output row), dequantized as
+// ref::GptqMatrix::row_to_f32 (bitwise the CPU's rows); the table stays at its stored size on the device.
+// Preconditions: bits 4 or 8, a group size (cols for per channel) a multiple of 32 / bits, rows and cols too.
+Status embedding_lookup_gptq(const DeviceGptqMatrix& table, const int32_t* tokens, int64_t n_tokens, float* out,
+                             Stream stream = nullptr);
 
 // out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)), as ref::silu_mul. out may alias gate or up.
 // overlap_previous: as rms_norm's (norm.h).

@@ -46,6 +46,13 @@ class DeviceGptqWeights {
   // are synchronous cudaMemcpy calls.
   static Result<DeviceGptqWeights> upload(const ref::GptqMatrix& host, HostUploader* uploader = nullptr);
   const DeviceGptqMatrix& view() const { return view_; }
+  // A view of tensors another DeviceGptqWeights owns (a tied LM head reading the embedding's table); it must
+  // not outlive the owner.
+  static DeviceGptqWeights borrow(const DeviceGptqMatrix& view) {
+    DeviceGptqWeights weights;
+    weights.view_ = view;
+    return weights;
+  }
 
  private:
   DeviceGptqMatrix view_;
