@@ -1,6 +1,6 @@
 // petrel_bench_json_mask: JSON mode's per-token cost (runtime/json_constraint.h) on the Llama 3.1 tokenizer
-// (128,256 tokens): JsonObjectConstraint::mask at the states a JSON answer passes through, beside a plain copy
-// of the logits for scale. Median of --reps calls, microseconds. Building the token table is timed once.
+// (128,256 tokens): a constraint's mask at the states a JSON answer passes through, prepared (from the state
+// alone) and applied (to the logits), beside a plain copy of the logits for scale. Median of --reps calls, microseconds. Building the token table is timed once.
 //
 //   petrel_bench_json_mask [--tokenizer DIR] [--reps N] [--threads N]
 #include <algorithm>
@@ -44,20 +44,26 @@ int main(int argc, char** argv) {
   std::printf("token table: %d tokens in %.1f ms\n", vocab,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
   std::vector<float> logits(static_cast<size_t>(vocab), 1.0f), work(logits.size());
-  std::printf("| state (text so far) | mask us | tokens allowed |\n|---|---:|---:|\n");
   const std::pair<const char*, const char*> states[] = {
       {"start", ""}, {"after '{'", "{"}, {"in a key", "{\"na"}, {"after ':'", "{\"name\": "},
       {"in a string value", "{\"name\": \"Par"}, {"in a number", "{\"n\": 12"}, {"after a value", "{\"n\": 12, \"a\": true"}};
-  // One row: the constraint after `text`, its mask timed.
-  auto row = [&](petrel::LogitConstraint& constraint, const char* name, const char* text) {
+  // One row: the constraint after `text`; timed, its mask computed from the state (prepare(), which the decoding
+  // loop runs during a GPU step) on a fresh copy each time, and the prepared mask applied to the logits (mask()).
+  std::printf("| state (text so far) | prepare us | apply us | tokens allowed |\n|---|---:|---:|---:|\n");
+  auto row = [&](auto& constraint, const char* name, const char* text) {
     auto ids = tokenizer->encode(text, petrel::EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
     for (int32_t id : *ids) constraint.accept(id);
-    const double us = median_us(reps, [&] {
+    const double prepare_us = median_us(reps, [&] {
+      auto fresh = constraint;
+      fresh.prepare();
+    });
+    constraint.prepare();
+    const double apply_us = median_us(reps, [&] {
       work = logits;
       constraint.mask(work);
     });
     const auto allowed = std::count_if(work.begin(), work.end(), [](float v) { return v > -1e30f; });
-    std::printf("| %s (`%s`) | %.0f | %lld |\n", name, text, us, static_cast<long long>(allowed));
+    std::printf("| %s (`%s`) | %.0f | %.0f | %lld |\n", name, text, prepare_us, apply_us, static_cast<long long>(allowed));
   };
   for (const auto& [name, text] : states) {
     petrel::JsonObjectConstraint constraint(table, {128009});
@@ -75,6 +81,6 @@ int main(int argc, char** argv) {
     petrel::JsonSchemaConstraint constraint(table, *schema, {128009});
     row(constraint, name, text);
   }
-  std::printf("| copy of the logits alone | %.0f | |\n", median_us(reps, [&] { work = logits; }));
+  std::printf("| copy of the logits alone | | %.0f | |\n", median_us(reps, [&] { work = logits; }));
   return 0;
 }

@@ -103,13 +103,18 @@ void apply_mask(const Automaton& state, const JsonTokenTable& table, const std::
   const auto ends = end_logits(logits, end_ids);
   prepare_mask(state, table, mask);
   const size_t n = std::min(logits.size(), mask.allowed.size());
-  bool any = false;
-  for (size_t id = 0; id < n; ++id) {
-    if (!mask.allowed[id]) logits[id] = kNever;
-    any |= logits[id] != kNever;
-  }
+  std::atomic<bool> any{false};
+  ThreadPool::global().parallel_for(static_cast<int64_t>(n), [&](int64_t begin, int64_t end) {
+    bool part = false;
+    for (int64_t id = begin; id < end; ++id) {
+      const float v = mask.allowed[static_cast<size_t>(id)] ? logits[static_cast<size_t>(id)] : kNever;
+      logits[static_cast<size_t>(id)] = v;
+      part |= v != kNever;
+    }
+    if (part) any.store(true, std::memory_order_relaxed);
+  }, 16384);
   std::fill(logits.begin() + static_cast<std::ptrdiff_t>(n), logits.end(), kNever);
-  if (!any) allow_ends(logits, ends);
+  if (!any.load()) allow_ends(logits, ends);
 }
 
 }  // namespace petrel::detail
