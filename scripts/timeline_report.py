@@ -50,20 +50,30 @@ def stat(launch, prev_end):
     bl = launch["blocks"]
     working = [b for b in bl if b["wait"] >= 0]
     t = lambda b, k: b["t0"] + b[k]
+
+    # Latest / median stamp k over the blocks that reached it (a probe variant may stop blocks before a stamp).
+    def latest(blocks, k):
+        v = [t(b, k) for b in blocks if b[k] >= 0]
+        return max(v) - prev_end if v else 0.0
+
+    def median(blocks, k):
+        v = [t(b, k) for b in blocks if b[k] >= 0]
+        return statistics.median(v) - prev_end if v else 0.0
+
     out = {
         "blocks": len(bl),
         "working": len(working),
         "first_in": min(b["t0"] for b in bl) - prev_end,
         "last_in": max(b["t0"] for b in bl) - prev_end,
         "released": min(t(b, "wait") for b in working) - prev_end if working else 0.0,
-        "staged": max(t(b, "staged") for b in working if b["staged"] >= 0) - prev_end if working else 0.0,
-        "loop": max(t(b, "loop") for b in working if b["loop"] >= 0) - prev_end if working else 0.0,
-        "staged_med": statistics.median(t(b, "staged") for b in working if b["staged"] >= 0) - prev_end if working else 0.0,
-        "loop_med": statistics.median(t(b, "loop") for b in working if b["loop"] >= 0) - prev_end if working else 0.0,
-        "end": max(t(b, "end") for b in bl if b["end"] >= 0) - prev_end,
+        "staged": latest(working, "staged"),
+        "loop": latest(working, "loop"),
+        "staged_med": median(working, "staged"),
+        "loop_med": median(working, "loop"),
+        "end": latest(bl, "end"),
         "bytes": sum(b["steps"] for b in bl) * 2048.0,
         "sms": len({b["sm"] for b in bl}),
-        "abs_end": max(t(b, "end") for b in bl if b["end"] >= 0),
+        "abs_end": latest(bl, "end") + prev_end,
     }
     out["epilogue"] = out["end"] - out["loop"]
     # GEMVs' t5: the block's loads issued, just before its wait (relative to the block's start).
