@@ -157,6 +157,11 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
     if (!top_only) return sampler.sample(logits, history);
     return top.all.empty() ? sampler.sample_top(top.values, top.ids) : sampler.sample(top.all, history);
   };
+  // A constraint's next mask depends only on the text so far: where the forward pass runs on a GPU it is computed
+  // on a side thread meanwhile (the prompt's, then each step's). An early return waits for it (~SideTask).
+  const bool overlap_mask = options.constraint && forward.computes_on_device();
+  SideTask side;
+  if (overlap_mask) side.start([&] { options.constraint->prepare(); });
   const auto t0 = clock::now();
   if (options.prompt_logprobs >= 0) {
     // Every position's logits, one chunk at a time (a long prompt's [n, vocab] logits would not fit in memory);
@@ -180,9 +185,8 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
     PETREL_RETURN_IF_ERROR(forward.prompt(new_tokens, options.prompt_chunk_size, LogitsMode::kLast, &logits));
   }
   history.insert(history.end(), new_tokens.begin(), new_tokens.end());
+  if (overlap_mask) side.wait();
   auto t_first = clock::now();
-  const bool overlap_mask = options.constraint && forward.computes_on_device();
-  SideTask side;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     if (step > 0) {
       if (abort && abort->load()) {
@@ -193,7 +197,6 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
         result.reason = StopReason::kContextFull;
         break;
       }
-      // The constraint's next mask depends only on the tokens so far: on a GPU it is computed meanwhile.
       if (overlap_mask) side.start([&] { options.constraint->prepare(); });
       Status stepped = top_only ? forward.step_top(result.tokens.back(), k, &top) : forward.step(result.tokens.back(), &logits);
       if (overlap_mask) side.wait();
