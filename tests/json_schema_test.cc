@@ -93,6 +93,42 @@ TEST(JsonSchema, AcceptsWhatTheSchemaAllowsAndNothingElse) {
   EXPECT_TRUE(fresh.feed(std::string_view(R"({"city":"a","da)")));
 }
 
+// minItems / maxItems: arrays with as many items as allowed, and the comma or bracket that would leave the range
+// refused where it comes; random arrays written by nlohmann::json judged by their length.
+TEST(JsonSchema, ArraysKeepToMinItemsAndMaxItems) {
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
+          "any": {"type": "array", "maxItems": 1}, "none": {"type": "array", "maxItems": 0}}, "required": ["tags"]})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  for (const char* ok : {R"({"tags":["a"]})", R"({"tags":["a","b"]})", R"({"tags":[ "a" , "b" ]})", R"({"tags":["a"],"any":[]})",
+                         R"({"tags":["a"],"any":[{"x":[1,2,3]}]})", R"({"tags":["a"],"none":[]})"}) {
+    EXPECT_TRUE(accepts(**schema, ok)) << ok;
+  }
+  for (const char* bad : {R"({"tags":[]})", R"({"tags":["a","b","c"]})", R"({"tags":["a"],"any":[1,2]})",
+                          R"({"tags":["a"],"none":[1]})"}) {
+    EXPECT_FALSE(accepts(**schema, bad)) << bad;
+  }
+  SchemaPrefix third(schema->get());
+  EXPECT_FALSE(third.feed(std::string_view(R"({"tags":["a","b",)"))) << "a third item's comma";
+  SchemaPrefix empty(schema->get());
+  EXPECT_FALSE(empty.feed(std::string_view(R"({"tags":[])"))) << "an empty tags array's bracket";
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 500; ++trial) {
+    njson o = {{"tags", njson::array()}};
+    const unsigned n = rng() % 5;
+    for (unsigned i = 0; i < n; ++i) o["tags"].push_back(std::string(rng() % 3, 'x'));
+    const std::string written = o.dump(rng() % 2 ? 1 : -1);
+    EXPECT_EQ(accepts(**schema, written), n >= 1 && n <= 2) << written;
+  }
+  for (const char* bad : {R"({"type": "object", "properties": {"a": {"type": "array", "minItems": -1}}})",
+                          R"({"type": "object", "properties": {"a": {"type": "array", "maxItems": "2"}}})",
+                          R"({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}})"}) {
+    auto refused = JsonSchema::compile(njson::parse(bad));
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("properties.a.m"), std::string::npos) << refused.status().message();
+  }
+}
+
 // Random instances of the schema, serialized by nlohmann::json with random key order and spacing: all accepted.
 TEST(JsonSchema, AcceptsRandomInstancesWrittenByAnotherLibrary) {
   auto schema = weather();
@@ -135,7 +171,8 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
   ASSERT_NE(engine, nullptr);
   auto schema = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"name": {"enum": ["Ann", "Bob"]}, "age": {"type": "integer"},
-          "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", null]}}, "required": ["name", "age"]})"));
+          "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", null]},
+          "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}}, "required": ["name", "age"]})"));
   ASSERT_TRUE(schema.ok());
   auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(engine->model().config().vocab_size));
   int finished = 0;
@@ -160,10 +197,13 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
     EXPECT_TRUE(o.contains("name") && (o["name"] == "Ann" || o["name"] == "Bob")) << result->text;
     EXPECT_TRUE(o.contains("age") && o["age"].is_number_integer()) << result->text;
     for (auto it = o.begin(); it != o.end(); ++it) {
-      EXPECT_TRUE(it.key() == "name" || it.key() == "age" || it.key() == "ok" || it.key() == "pet") << it.key();
+      EXPECT_TRUE(it.key() == "name" || it.key() == "age" || it.key() == "ok" || it.key() == "pet" || it.key() == "kids") << it.key();
     }
     if (o.contains("ok")) {
       EXPECT_TRUE(o["ok"].is_boolean());
+    }
+    if (o.contains("kids")) {
+      EXPECT_TRUE(o["kids"].is_array() && o["kids"].size() <= 2) << result->text;
     }
     if (o.contains("pet")) {
       EXPECT_TRUE(o["pet"] == "cat" || o["pet"] == "dog" || o["pet"].is_null()) << result->text;

@@ -141,7 +141,8 @@ def main():
 
         # Structured outputs: answers that end satisfy the schema, as the jsonschema package judges them.
         schema = {"type": "object", "properties": {"name": {"enum": ["Ann", "Bob"]}, "age": {"type": "integer"},
-                                                   "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", None]}},
+                                                   "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", None]},
+                                                   "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}},
                   "required": ["name", "age"]}
         try:
             import jsonschema

@@ -121,9 +121,20 @@ Result<int32_t> JsonSchema::add(const njson& schema, const std::string& where, i
       node.any_object = true;
     }
   }
-  if ((node.types & kArray) && array_part && array_part->is_object() && array_part->contains("items")) {
-    nodes_[static_cast<size_t>(index)] = node;
-    PETREL_ASSIGN_OR_RETURN(node.items, add((*array_part)["items"], where + "items.", depth + 1));
+  if ((node.types & kArray) && array_part && array_part->is_object()) {
+    for (const char* bound : {"minItems", "maxItems"}) {
+      if (!array_part->contains(bound)) continue;
+      const njson& v = (*array_part)[bound];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > int64_t{UINT32_MAX} - 1) {
+        return invalid_argument(where + bound + ": expected a non-negative integer");
+      }
+      (std::string_view(bound) == "minItems" ? node.min_items : node.max_items) = static_cast<uint32_t>(v.get<int64_t>());
+    }
+    if (node.min_items > node.max_items) return invalid_argument(where + "minItems: more than maxItems");
+    if (array_part->contains("items")) {
+      nodes_[static_cast<size_t>(index)] = node;
+      PETREL_ASSIGN_OR_RETURN(node.items, add((*array_part)["items"], where + "items.", depth + 1));
+    }
   }
   nodes_[static_cast<size_t>(index)] = std::move(node);
   return index;
@@ -267,13 +278,19 @@ bool SchemaPrefix::step(unsigned char c) {
   ws_.reset();
   switch (mode_) {
     case Mode::kValue: return start_value(c);
-    case Mode::kValueOrClose:
+    case Mode::kValueOrClose: {
+      Frame& f = stack_[depth_ - 1];
+      const JsonSchema::Node& node = schema_->node(f.node);
       if (c == ']') {
+        if (node.min_items > 0) return false;
         --depth_;
         return value_done();
       }
-      pending_node_ = schema_->node(stack_[depth_ - 1].node).items;
+      if (node.max_items == 0) return false;
+      f.seen = 1;
+      pending_node_ = node.items;
       return start_value(c);
+    }
     case Mode::kKeyOrClose:
     case Mode::kKey: {
       Frame& f = stack_[depth_ - 1];
@@ -301,13 +318,16 @@ bool SchemaPrefix::step(unsigned char c) {
     case Mode::kCommaOrClose: {
       Frame& f = stack_[depth_ - 1];
       const JsonSchema::Node& node = schema_->node(f.node);
-      if (f.array) {
+      if (f.array) {  // f.seen: the items so far
         if (c == ',') {
+          if (f.seen >= node.max_items) return false;
+          ++f.seen;
           mode_ = Mode::kValue;
           pending_node_ = node.items;
           return true;
         }
         if (c == ']') {
+          if (f.seen < node.min_items) return false;
           --depth_;
           return value_done();
         }

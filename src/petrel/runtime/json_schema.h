@@ -9,7 +9,8 @@
 //  - object: "properties" (at most 64), "required"; keys other than the properties are not generated (OpenAI
 //    strict mode's additionalProperties false; a schema allowing them still gets a valid subset); an object with
 //    no properties is any object;
-//  - array: "items" (absent: any values);
+//  - array: "items" (absent: any values), "minItems", "maxItems" (so that a weak model cannot repeat items until
+//    max_tokens where the schema bounds them);
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
 //  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union.
 // Anything else that constrains ($ref, allOf, not, pattern, format, minimum, minLength, ...) is not enforced: the
@@ -43,6 +44,7 @@ class JsonSchema {
     std::vector<int32_t> key_nodes;         // their schemas
     uint64_t required = 0;                  // bit i: keys[i] is required
     int32_t items = -1;                     // array: the items' schema, -1 any
+    uint32_t min_items = 0, max_items = UINT32_MAX;  // array: minItems, maxItems
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
   };
 
@@ -85,7 +87,7 @@ class SchemaPrefix {
   struct Frame {
     int32_t node = 0;
     bool array = false;
-    uint64_t seen = 0;
+    uint64_t seen = 0;  // object: bit i, keys[i] given; array: items begun
   };
   template <typename A> friend bool feed_byte_restoring(A&, unsigned char);
   template <typename A> friend bool feed_bytes(A&, std::string_view);
