@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <numeric>
+#include <random>
 
 #include "petrel/io/npy.h"
 #include "petrel/kernels/cuda/device.h"
@@ -459,6 +461,61 @@ TEST(CudaModel, TopLogitsAreTheLargestOfTheFullLogits) {
   EXPECT_EQ(m.decode_top(1, 1, nullptr).code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(m.forward_top(prompt, 0, &top).code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(m.position(), at);
+}
+
+// decode_top_masked (a constraint's mask applied on the GPU between the LM head and the top-k) against the same
+// step's full logits masked on the host: the same ids and values, disallowed tokens at -infinity (or, where the
+// kernel cannot choose among too many -infinity ties, every masked logit).
+TEST(CudaModel, MaskedTopLogitsAreTheLargestOfTheMaskedLogits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto model = LlamaModel::load(data_dir() / "models/aidreams260k");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto gpu = CudaModel::create(**model, CudaModelOptions{});
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  CudaModel& m = **gpu;
+  const int64_t vocab = m.config().vocab_size;
+  std::mt19937 rng(3);
+  const std::vector<int32_t> prompt = {1, 20, 30, 40};
+  std::vector<float> logits;
+  TopLogits top;
+  for (int64_t allowed_count : {int64_t{3}, int64_t{50}, vocab / 2}) {
+    for (int k : {1, 8, 40}) {
+      SCOPED_TRACE("allowed " + std::to_string(allowed_count) + ", k " + std::to_string(k));
+      std::vector<int32_t> ids(static_cast<size_t>(vocab));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<uint32_t> bits(static_cast<size_t>((vocab + 31) / 32), 0);
+      for (int64_t i = 0; i < allowed_count; ++i) bits[ids[i] / 32] |= 1u << (ids[i] % 32);
+      m.reset();
+      ASSERT_TRUE(m.forward(prompt, LogitsMode::kNone, nullptr).ok());
+      ASSERT_TRUE(m.decode(7, &logits).ok());
+      m.truncate(4);
+      int calls = 0;
+      ASSERT_TRUE(m.decode_top_masked(7, k, [&](std::span<uint32_t> out) {
+                     ASSERT_EQ(out.size(), bits.size());
+                     std::copy(bits.begin(), bits.end(), out.begin());
+                     ++calls;
+                   }, &top).ok());
+      EXPECT_EQ(calls, 1);
+      EXPECT_EQ(m.position(), 5);
+      std::vector<float> masked = logits;
+      for (int64_t i = 0; i < vocab; ++i) {
+        if (!((bits[i / 32] >> (i % 32)) & 1u)) masked[i] = -std::numeric_limits<float>::infinity();
+      }
+      if (!top.all.empty()) {
+        EXPECT_EQ(top.all, masked);
+        continue;
+      }
+      std::vector<int32_t> order(masked.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return masked[a] > masked[b]; });
+      ASSERT_EQ(top.ids.size(), static_cast<size_t>(k));
+      for (int i = 0; i < k; ++i) {
+        EXPECT_EQ(top.ids[i], order[i]) << "rank " << i;
+        EXPECT_EQ(top.values[i], masked[order[i]]) << "rank " << i;
+      }
+    }
+  }
 }
 
 // `petrel bench --backend cuda`: pp and tg on the GPU where there is one, a clear error where there is none.

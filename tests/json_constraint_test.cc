@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -224,7 +226,9 @@ TEST(JsonObjectConstraint, RandomWalksThroughTheMaskAreJsonObjects) {
 // during the step) runs without a GPU and without sharing the thread pool with a CPU forward pass.
 class FakeForward final : public ForwardPass {
  public:
-  FakeForward(int64_t vocab, bool on_device) : on_device_(on_device) { config_.vocab_size = vocab; }
+  FakeForward(int64_t vocab, bool on_device, bool masks = false) : on_device_(on_device), masks_(masks) {
+    config_.vocab_size = vocab;
+  }
   const LlamaConfig& config() const override { return config_; }
   int64_t position() const override { return position_; }
   int64_t context_length() const override { return 4096; }
@@ -241,6 +245,30 @@ class FakeForward final : public ForwardPass {
   void truncate(int64_t n) override { position_ = std::min(position_, n); }
   void reset() override { position_ = 0; }
   bool computes_on_device() const override { return on_device_; }
+  // What CudaModel::decode_top_masked does, on the host: the constraint's bits, the masked logits' k largest
+  // (value descending, id ascending among equals).
+  int max_top_k() const override { return masks_ ? 64 : 0; }
+  bool masks_on_device() const override { return masks_; }
+  Status step_top_masked(int32_t token, int k, LogitConstraint& constraint, TopLogits* top) override {
+    std::vector<float> logits;
+    PETREL_RETURN_IF_ERROR(step(token, &logits));
+    std::vector<uint32_t> bits(static_cast<size_t>((config_.vocab_size + 31) / 32), 0xFFFFFFFFu);
+    constraint.write_bits(bits);
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (!((bits[i / 32] >> (i % 32)) & 1u)) logits[i] = -std::numeric_limits<float>::infinity();
+      ids[i] = static_cast<int32_t>(i);
+    }
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    top->all.clear();
+    top->ids.assign(ids.begin(), ids.begin() + k);
+    top->values.clear();
+    for (int32_t id : top->ids) top->values.push_back(logits[static_cast<size_t>(id)]);
+    ++masked_steps;
+    return ok_status();
+  }
+  int masked_steps = 0;
 
  private:
   void fill(int32_t token, std::vector<float>* logits) const {
@@ -250,7 +278,7 @@ class FakeForward final : public ForwardPass {
     for (float& v : *logits) v = u(rng);
   }
   LlamaConfig config_;
-  bool on_device_;
+  bool on_device_, masks_;
   int64_t position_ = 0;
 };
 
@@ -297,6 +325,49 @@ TEST(JsonObjectConstraint, APreparedMaskIsTheMaskComputedAtOnce) {
   }
   EXPECT_EQ(answers[0], answers[1]);
   EXPECT_EQ(answers[0].size(), 60u);
+}
+
+// A mask applied where the logits are (ForwardPass::step_top_masked, the constraint's write_bits) picks what the
+// host's mask picks: the same greedy and top-k answers from the decoding loop, for JSON mode and a schema.
+TEST(JsonObjectConstraint, AMaskAppliedByTheBackendPicksWhatTheHostsMaskPicks) {
+  auto engine = testing::tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  const int64_t vocab = engine->model().config().vocab_size;
+  auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(vocab));
+  const std::vector<int32_t> ends = engine->model().config().eos_token_ids;
+  auto schema = JsonSchema::compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}}})"));
+  ASSERT_TRUE(schema.ok());
+  for (int top_k : {0, 5}) {  // 0: greedy
+    for (bool with_schema : {false, true}) {
+      SCOPED_TRACE(std::string(with_schema ? "schema" : "json_object") + " top_k " + std::to_string(top_k));
+      std::vector<std::vector<int32_t>> answers;
+      for (bool masks : {false, true}) {
+        FakeForward forward(vocab, true, masks);
+        std::unique_ptr<LogitConstraint> constraint;
+        if (with_schema) constraint = std::make_unique<JsonSchemaConstraint>(table, *schema, ends);
+        else constraint = std::make_unique<JsonObjectConstraint>(table, ends);
+        GenerateOptions options;
+        if (top_k == 0) {
+          options.sampler.greedy = true;
+        } else {
+          options.sampler.temperature = 1.0f;
+          options.sampler.top_k = top_k;
+          options.sampler.top_p = 1.0f;
+          options.sampler.seed = 3;
+        }
+        options.max_new_tokens = 60;
+        options.constraint = constraint.get();
+        std::vector<int32_t> history;
+        const std::vector<int32_t> prompt = {128000, 9906};
+        auto result = continue_generation(forward, history, prompt, options, nullptr);
+        ASSERT_TRUE(result.ok()) << result.status().to_string();
+        EXPECT_EQ(forward.masked_steps, masks ? 59 : 0);
+        answers.push_back(result->tokens);
+      }
+      EXPECT_EQ(answers[0], answers[1]);
+    }
+  }
 }
 
 // Constrained sampling on tiny-llama31 (a story model that never writes JSON by itself): every answer that ends

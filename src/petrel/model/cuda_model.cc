@@ -235,6 +235,10 @@ struct CudaModel::State {
   // decode_top / forward_top: cuda::top_k_logits' answer on the device and its pinned copy on the host.
   cuda::DeviceBuffer top_device;  // the answer, then (at kTopResultBytes) top_k_logits' workspace
   cuda::PinnedBuffer top_host;
+  // decode_top_masked: the constraint's mask, one bit a token, written on the host and copied by masked_head_graph.
+  cuda::PinnedBuffer allowed_host;
+  cuda::DeviceBuffer allowed_device;
+  cuda::CudaGraph masked_head_graph;
   // The fused decode step (options.fused_step on a checkpoint whose decoder linears are all GPTQ):
   // uint32 [n_kv_heads] split arrival counters of decode_attention_rope, zero between steps.
   bool fused = false;
@@ -831,6 +835,28 @@ struct CudaModel::State {
     return cuda::copy_to_host(host_logits.data(), logits.data(), static_cast<size_t>(config.vocab_size) * 4, s);
   }
 
+  // decode_top_masked's second half, after the step without its head (StepOutput::kNormed): the mask's copy to
+  // the device, the LM head on `normed`, the mask, the top-k into top_host; replayed from its graph.
+  Status enqueue_masked_head(int top_k) {
+    const cuda::Stream s = stream.get();
+    PETREL_RETURN_IF_ERROR(cuda::copy_to_device(allowed_device.data(), allowed_host.data(), allowed_host.size(), s));
+    PETREL_RETURN_IF_ERROR(linear(lm_head, normed.as<float>(), logits.as<float>()));
+    PETREL_RETURN_IF_ERROR(cuda::mask_logits(logits.as<float>(), allowed_device.as<uint32_t>(), config.vocab_size, s, overlap));
+    return enqueue_top(top_k);
+  }
+  Status run_masked_head(int top_k) {
+    if (!options.use_graph) return enqueue_masked_head(top_k);
+    if (masked_head_graph.empty()) {
+      PETREL_RETURN_IF_ERROR(cuda::CudaGraph::begin_capture(stream.get()));
+      Status enqueued = enqueue_masked_head(top_k);
+      auto captured = cuda::CudaGraph::end_capture(stream.get());
+      PETREL_RETURN_IF_ERROR(enqueued);
+      PETREL_RETURN_IF_ERROR(with_context(captured.status(), "capturing the masked LM head"));
+      masked_head_graph = std::move(captured).value();
+    }
+    return masked_head_graph.launch(stream.get());
+  }
+
   // enqueue_decode, replayed from its graph (captured at the first use of each output and k) unless
   // options.use_graph is off.
   Status run_step(StepOutput output, int top_k) {
@@ -1038,6 +1064,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   PETREL_ASSIGN_OR_RETURN(s.host_input, cuda::PinnedBuffer::allocate(2 * sizeof(int32_t)));
   PETREL_ASSIGN_OR_RETURN(s.top_device, cuda::DeviceBuffer::allocate(kTopResultBytes + cuda::kTopKWorkspaceBytes));
   PETREL_ASSIGN_OR_RETURN(s.top_host, cuda::PinnedBuffer::allocate(sizeof(cuda::TopKResult)));
+  PETREL_ASSIGN_OR_RETURN(s.allowed_host, cuda::PinnedBuffer::allocate(static_cast<size_t>((c.vocab_size + 31) / 32) * 4));
+  PETREL_ASSIGN_OR_RETURN(s.allowed_device, cuda::DeviceBuffer::allocate(s.allowed_host.size()));
   if (options.prefill_chunk > 1) {
     State::Prefill& p = s.prefill;
     p.chunk = std::min(options.prefill_chunk, s.options.context_length);
@@ -1149,6 +1177,8 @@ Result<std::span<const float>> CudaModel::decode_logits(int32_t token) {
   return std::span<const float>(s.host_logits.as<const float>(), static_cast<size_t>(s.config.vocab_size));
 }
 
+bool CudaModel::constraint_mask_on_device() const { return state_->options.constraint_mask_on_device; }
+
 int CudaModel::max_top_k(const LlamaConfig& config) {
   return config.vocab_size <= cuda::kMaxDeviceTopKValues ? cuda::kMaxDeviceTopK : 0;
 }
@@ -1169,6 +1199,23 @@ Status CudaModel::decode_top(int32_t token, int k, TopLogits* top) {
   const int graph_k = state_->top_graph_k();
   PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kTop, graph_k));
   PETREL_RETURN_IF_ERROR(state_->read_top(graph_k, top));
+  if (top->all.empty()) {
+    top->values.resize(static_cast<size_t>(k));
+    top->ids.resize(static_cast<size_t>(k));
+  }
+  return finish_decode();
+}
+
+Status CudaModel::decode_top_masked(int32_t token, int k, const std::function<void(std::span<uint32_t>)>& write_mask,
+                                    TopLogits* top) {
+  PETREL_RETURN_IF_ERROR(check_top_request(k, top));
+  State& s = *state_;
+  const int graph_k = s.top_graph_k();
+  PETREL_RETURN_IF_ERROR(start_decode(token, StepOutput::kNormed));
+  // The previous step's graphs have completed (every call synchronizes): the mask's host buffer is free.
+  write_mask(std::span<uint32_t>(s.allowed_host.as<uint32_t>(), s.allowed_host.size() / 4));
+  PETREL_RETURN_IF_ERROR(s.run_masked_head(graph_k));
+  PETREL_RETURN_IF_ERROR(s.read_top(graph_k, top));
   if (top->all.empty()) {
     top->values.resize(static_cast<size_t>(k));
     top->ids.resize(static_cast<size_t>(k));

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -121,6 +122,11 @@ struct CudaModelOptions {
   static constexpr uint32_t kSkipQkv = 1, kSkipAttention = 2, kSkipO = 4, kSkipGateUp = 8, kSkipDown = 16;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
+  // Constrained decoding (JSON mode, structured outputs, forced tool calls) with greedy or top-k sampling through
+  // decode_top_masked: the constraint's mask applied on the GPU, k logits to the host instead of the vocabulary.
+  // Off until its GPU test (CudaModel.MaskedTopLogitsAreTheLargestOfTheMaskedLogits) has run on a GPU: written
+  // in session 22 after the device time was spent (docs/PERFORMANCE.md).
+  bool constraint_mask_on_device = false;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
   // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
   int64_t prefill_chunk = 512;
@@ -230,6 +236,12 @@ class CudaModel {
   Status decode_top(int32_t token, int k, TopLogits* top);
   Status forward_top(std::span<const int32_t> tokens, int k, TopLogits* top);
   static int max_top_k(const LlamaConfig& config);  // 0 when the vocabulary is too large for the kernel
+  bool constraint_mask_on_device() const;  // CudaModelOptions::constraint_mask_on_device
+  // decode_top with a constraint's token mask (JSON mode) applied on the GPU before the choice: the step runs
+  // without its LM head while `write_mask` fills the mask on the host (bit i % 32 of word i / 32: token i
+  // allowed; (vocab + 31) / 32 words), then the LM head, the mask (disallowed logits -infinity) and the top-k
+  // run as a second graph; k pairs come back instead of the vocabulary.
+  Status decode_top_masked(int32_t token, int k, const std::function<void(std::span<uint32_t>)>& write_mask, TopLogits* top);
 
  private:
   struct State;

@@ -55,6 +55,13 @@ Status CudaForward::step_top(int32_t token, int k, TopLogits* top) {
   return model_.decode_top(token, k, top);
 }
 
+bool CudaForward::masks_on_device() const { return max_top_k() > 0 && model_.constraint_mask_on_device(); }
+
+Status CudaForward::step_top_masked(int32_t token, int k, LogitConstraint& constraint, TopLogits* top) {
+  PETREL_RETURN_IF_ERROR(check_room(1));
+  return model_.decode_top_masked(token, k, [&](std::span<uint32_t> bits) { constraint.write_bits(bits); }, top);
+}
+
 Status CudaForward::check_room(int64_t n) const {
   if (n <= remaining()) return ok_status();
   return out_of_range("Context Size was exceeded: " + std::to_string(position()) + " positions used + " + std::to_string(n) +
@@ -153,8 +160,13 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
   const int64_t vocab = forward.config().vocab_size;
   std::vector<float> logits;
   TopLogits top;
+  // With a constraint, on a backend that can mask where the logits are, the steps after the first take the k
+  // largest of the masked logits (the mask's bits written on the host during the step).
+  const bool device_mask = options.logprobs < 0 && options.constraint && options.constraint->writes_bits() && k > 0 &&
+                           k <= forward.max_top_k() && forward.masks_on_device();
+  bool from_top = top_only;  // this token's candidates are in `top`, not `logits`
   auto pick = [&] {
-    if (!top_only) return sampler.sample(logits, history);
+    if (!from_top) return sampler.sample(logits, history);
     return top.all.empty() ? sampler.sample_top(top.values, top.ids) : sampler.sample(top.all, history);
   };
   // A constraint's next mask depends only on the text so far: where the forward pass runs on a GPU it is computed
@@ -197,13 +209,18 @@ Result<Continuation> continue_generation(ForwardPass& forward, std::vector<int32
         result.reason = StopReason::kContextFull;
         break;
       }
-      if (overlap_mask) side.start([&] { options.constraint->prepare(); });
-      Status stepped = top_only ? forward.step_top(result.tokens.back(), k, &top) : forward.step(result.tokens.back(), &logits);
-      if (overlap_mask) side.wait();
-      PETREL_RETURN_IF_ERROR(stepped);
+      if (device_mask) {
+        PETREL_RETURN_IF_ERROR(forward.step_top_masked(result.tokens.back(), k, *options.constraint, &top));
+        from_top = true;
+      } else {
+        if (overlap_mask) side.start([&] { options.constraint->prepare(); });
+        Status stepped = top_only ? forward.step_top(result.tokens.back(), k, &top) : forward.step(result.tokens.back(), &logits);
+        if (overlap_mask) side.wait();
+        PETREL_RETURN_IF_ERROR(stepped);
+      }
       history.push_back(result.tokens.back());
     }
-    if (options.constraint) options.constraint->mask(logits);
+    if (options.constraint && !from_top) options.constraint->mask(logits);
     const int32_t token = pick();
     if (options.constraint) options.constraint->accept(token);
     if (step == 0) t_first = clock::now();

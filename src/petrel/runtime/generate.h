@@ -17,6 +17,7 @@
 namespace petrel {
 
 class CudaModel;
+class LogitConstraint;
 
 // A model bound to one sequence's KV cache: what the decoding loop needs of a backend.
 class ForwardPass {
@@ -36,6 +37,10 @@ class ForwardPass {
   virtual int max_top_k() const { return 0; }
   virtual Status prompt_top(std::span<const int32_t>, int64_t, int, TopLogits*) { return unsupported("prompt_top"); }
   virtual Status step_top(int32_t, int, TopLogits*) { return unsupported("step_top"); }
+  // step_top with a constraint's mask applied where the logits are (LogitConstraint::write_bits, called during
+  // the step): for backends with masks_on_device().
+  virtual bool masks_on_device() const { return false; }
+  virtual Status step_top_masked(int32_t, int, LogitConstraint&, TopLogits*) { return unsupported("step_top_masked"); }
   virtual void truncate(int64_t n) = 0;  // forget positions >= n
   virtual void reset() = 0;
   // True where a step leaves the host's cores idle while it runs (the GPU), so that the decoding loop may use them
@@ -77,6 +82,8 @@ class CudaForward final : public ForwardPass {
   int max_top_k() const override;  // cuda::kMaxDeviceTopK for vocabularies the kernel takes
   Status prompt_top(std::span<const int32_t> tokens, int64_t chunk_size, int k, TopLogits* top) override;
   Status step_top(int32_t token, int k, TopLogits* top) override;
+  bool masks_on_device() const override;  // CudaModelOptions::constraint_mask_on_device (off by default)
+  Status step_top_masked(int32_t token, int k, LogitConstraint& constraint, TopLogits* top) override;
   void truncate(int64_t n) override;
   void reset() override;
   bool computes_on_device() const override { return true; }
@@ -98,6 +105,11 @@ class LogitConstraint {
   virtual ~LogitConstraint() = default;
   virtual void prepare() {}
   virtual void mask(std::span<float> logits) = 0;
+  // The same mask as bits, for a backend that applies it where the logits are (ForwardPass::masks_on_device):
+  // bit i % 32 of bits[i / 32] set where token i may come next; where none may, the end tokens (mask() keeps
+  // their logits then). Only where writes_bits().
+  virtual bool writes_bits() const { return false; }
+  virtual void write_bits(std::span<uint32_t>) {}
   virtual void accept(int32_t token) = 0;
 };
 

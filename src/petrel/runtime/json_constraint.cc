@@ -289,6 +289,8 @@ void JsonObjectConstraint::prepare() { detail::prepare_mask(state_, *table_, mas
 
 void JsonObjectConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
 
+void JsonObjectConstraint::write_bits(std::span<uint32_t> bits) { detail::write_mask_bits(state_, *table_, end_ids_, mask_, bits); }
+
 void JsonObjectConstraint::accept(int32_t token) {
   mask_.ready = false;
   if (token < 0 || token >= table_->size() || table_->special(token)) return;

@@ -142,6 +142,7 @@ class JsonTokenTable {
 // LogitConstraint::prepare() or else at mask(), and forgotten when accept() moves the state.
 struct PreparedMask {
   std::vector<uint8_t> allowed;  // [vocabulary]: 1 where the state can take the token next
+  bool any = false;              // some token is allowed
   bool ready = false;
 };
 
@@ -151,6 +152,8 @@ class JsonObjectConstraint final : public LogitConstraint {
   JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids);
   void prepare() override;
   void mask(std::span<float> logits) override;
+  bool writes_bits() const override { return true; }
+  void write_bits(std::span<uint32_t> bits) override;
   void accept(int32_t token) override;
   bool complete() const { return state_.complete(); }
 

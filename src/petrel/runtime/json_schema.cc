@@ -362,6 +362,8 @@ void JsonSchemaConstraint::prepare() { detail::prepare_mask(state_, *table_, mas
 
 void JsonSchemaConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
 
+void JsonSchemaConstraint::write_bits(std::span<uint32_t> bits) { detail::write_mask_bits(state_, *table_, end_ids_, mask_, bits); }
+
 void JsonSchemaConstraint::accept(int32_t token) {
   mask_.ready = false;
   if (token < 0 || token >= table_->size() || table_->special(token)) return;
@@ -446,6 +448,8 @@ CallShapeConstraint::CallShapeConstraint(std::shared_ptr<const JsonTokenTable> t
 void CallShapeConstraint::prepare() { detail::prepare_mask(state_, *table_, mask_); }
 
 void CallShapeConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
+
+void CallShapeConstraint::write_bits(std::span<uint32_t> bits) { detail::write_mask_bits(state_, *table_, end_ids_, mask_, bits); }
 
 void CallShapeConstraint::accept(int32_t token) {
   mask_.ready = false;

@@ -119,6 +119,8 @@ class JsonSchemaConstraint final : public LogitConstraint {
                        std::vector<int32_t> end_ids);
   void prepare() override;
   void mask(std::span<float> logits) override;
+  bool writes_bits() const override { return true; }
+  void write_bits(std::span<uint32_t> bits) override;
   void accept(int32_t token) override;
   bool complete() const { return state_.complete(); }
 
@@ -173,6 +175,8 @@ class CallShapeConstraint final : public LogitConstraint {
   CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec, std::vector<int32_t> end_ids);
   void prepare() override;
   void mask(std::span<float> logits) override;
+  bool writes_bits() const override { return true; }
+  void write_bits(std::span<uint32_t> bits) override;
   void accept(int32_t token) override;
   bool complete() const { return state_.complete(); }
 

@@ -90,8 +90,25 @@ inline std::vector<std::pair<int32_t, float>> end_logits(std::span<const float> 
 template <typename Automaton>
 void prepare_mask(const Automaton& state, const JsonTokenTable& table, PreparedMask& mask) {
   if (mask.ready) return;
-  allowed_tokens(state, table, mask.allowed);
+  mask.any = allowed_tokens(state, table, mask.allowed);
   mask.ready = true;
+}
+
+// The constraint's write_bits(): the prepared mask as bits (bit i % 32 of bits[i / 32]: token i allowed); where
+// no token is allowed, the end tokens. Ids past the tokenizer's table stay clear.
+template <typename Automaton>
+void write_mask_bits(const Automaton& state, const JsonTokenTable& table, const std::vector<int32_t>& end_ids,
+                     PreparedMask& mask, std::span<uint32_t> bits) {
+  prepare_mask(state, table, mask);
+  std::fill(bits.begin(), bits.end(), 0u);
+  const size_t n = std::min(mask.allowed.size(), bits.size() * 32);
+  if (mask.any) {
+    for (size_t id = 0; id < n; ++id) bits[id / 32] |= static_cast<uint32_t>(mask.allowed[id] != 0) << (id % 32);
+    return;
+  }
+  for (int32_t id : end_ids) {
+    if (id >= 0 && static_cast<size_t>(id) < bits.size() * 32) bits[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+  }
 }
 
 // A constraint's mask() over its state: the logits of the tokens `state` cannot take (and of ids the tokenizer does

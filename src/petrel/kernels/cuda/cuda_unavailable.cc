@@ -108,6 +108,7 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
 Status rms_norm(float*, const float*, int64_t, int64_t, const DeviceVector&, float, float*, Stream, bool) { return not_built(); }
 Status embedding_lookup(const DeviceDenseMatrix&, const int32_t*, int64_t, float*, Stream) { return not_built(); }
 Status embedding_lookup_gptq(const DeviceGptqMatrix&, const int32_t*, int64_t, float*, Stream) { return not_built(); }
+Status mask_logits(float*, const uint32_t*, int64_t, Stream, bool) { return not_built(); }
 Status silu_mul(const float*, const float*, int64_t, float*, Stream, bool) { return not_built(); }
 Status add_in_place(float*, const float*, int64_t, Stream) { return not_built(); }
 Status gemv_dense(const DeviceDenseMatrix&, const float*, float*, Stream) { return not_built(); }

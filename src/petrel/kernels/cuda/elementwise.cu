@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
+
 #include "petrel/kernels/cuda/activation.cuh"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
@@ -54,6 +56,16 @@ __global__ void embedding_gptq_kernel(DeviceGptqMatrix table, const int32_t* tok
   }
 }
 
+// values[i] = -infinity where bit i of `allowed` (bit i % 32 of word i / 32) is clear: a constraint's mask
+// (JSON mode) applied on the device, between the LM head and the top-k choice.
+__global__ void mask_kernel(float* values, const uint32_t* allowed, int64_t n) {
+  allow_dependent_launch();
+  wait_for_previous_kernel();
+  const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (i >= n) return;
+  if (!((allowed[i / 32] >> (i % 32)) & 1u)) values[i] = -INFINITY;
+}
+
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
   allow_dependent_launch();  // what follows waits for the previous kernel first (programmatic_launch.cuh)
   wait_for_previous_kernel();
@@ -97,6 +109,13 @@ Status embedding_lookup_gptq(const DeviceGptqMatrix& table, const int32_t* token
   embedding_gptq_kernel<<<dim3(blocks_for(table.cols / per_word), static_cast<unsigned>(n_tokens)), kThreads, 0, stream>>>(
       table, tokens, out);
   return cuda_status(cudaGetLastError(), "embedding_lookup_gptq launch");
+}
+
+Status mask_logits(float* values, const uint32_t* allowed, int64_t n, Stream stream, bool overlap_previous) {
+  if (n <= 0) return invalid_argument("cuda::mask_logits: " + std::to_string(n) + " values");
+  if (!values || !allowed) return invalid_argument("cuda::mask_logits: null device pointer");
+  return cuda_status(launch_kernel(mask_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, overlap_previous, values, allowed, n),
+                     "mask_logits launch");
 }
 
 Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream, bool overlap_previous) {

@@ -31,6 +31,10 @@ Status embedding_lookup(const DeviceDenseMatrix& table, const int32_t* tokens, i
 Status embedding_lookup_gptq(const DeviceGptqMatrix& table, const int32_t* tokens, int64_t n_tokens, float* out,
                              Stream stream = nullptr);
 
+// values[i] = -infinity where bit i % 32 of allowed[i / 32] is clear (a constraint's token mask, device memory).
+// overlap_previous: as rms_norm's (norm.h).
+Status mask_logits(float* values, const uint32_t* allowed, int64_t n, Stream stream = nullptr, bool overlap_previous = false);
+
 // out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)), as ref::silu_mul. out may alias gate or up.
 // overlap_previous: as rms_norm's (norm.h).
 Status silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream stream = nullptr,
