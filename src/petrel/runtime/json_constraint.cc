@@ -282,20 +282,6 @@ std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tok
 }
 
 
-JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids)
-    : table_(std::move(table)), end_ids_(std::move(end_ids)) {}
-
-void JsonObjectConstraint::prepare() { detail::prepare_mask(state_, *table_, mask_); }
-
-void JsonObjectConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
-
-void JsonObjectConstraint::write_bits(std::span<uint32_t> bits) { detail::write_mask_bits(state_, *table_, end_ids_, mask_, bits); }
-
-void JsonObjectConstraint::accept(int32_t token) {
-  mask_.ready = false;
-  if (token < 0 || token >= table_->size() || table_->special(token)) return;
-  state_.feed(table_->bytes(token));
-}
-
+template class AutomatonConstraint<JsonPrefix>;
 
 }  // namespace petrel

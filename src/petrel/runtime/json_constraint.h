@@ -146,10 +146,12 @@ struct PreparedMask {
   bool ready = false;
 };
 
-// The constraint over one generation (GenerateOptions::constraint).
-class JsonObjectConstraint final : public LogitConstraint {
+// A constraint over one generation (GenerateOptions::constraint) by a byte automaton (JsonPrefix, SchemaPrefix,
+// CallShape): the token mask of its state (token_mask.h defines these), prepared ahead or at mask(), applied to
+// logits or written as bits; accept() steps the state through the token's bytes.
+template <typename Automaton>
+class AutomatonConstraint : public LogitConstraint {
  public:
-  JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids);
   void prepare() override;
   void mask(std::span<float> logits) override;
   bool writes_bits() const override { return true; }
@@ -157,11 +159,23 @@ class JsonObjectConstraint final : public LogitConstraint {
   void accept(int32_t token) override;
   bool complete() const { return state_.complete(); }
 
- private:
+ protected:
+  AutomatonConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids, Automaton state)
+      : table_(std::move(table)), end_ids_(std::move(end_ids)), state_(state) {}
+
   std::shared_ptr<const JsonTokenTable> table_;
   std::vector<int32_t> end_ids_;
-  JsonPrefix state_;
+  Automaton state_;
   PreparedMask mask_;
+};
+
+extern template class AutomatonConstraint<JsonPrefix>;  // json_constraint.cc
+
+// JSON mode.
+class JsonObjectConstraint final : public AutomatonConstraint<JsonPrefix> {
+ public:
+  JsonObjectConstraint(std::shared_ptr<const JsonTokenTable> table, std::vector<int32_t> end_ids)
+      : AutomatonConstraint(std::move(table), std::move(end_ids), JsonPrefix()) {}
 };
 
 }  // namespace petrel

@@ -354,21 +354,7 @@ bool SchemaPrefix::feed(unsigned char c) { return feed_byte_restoring(*this, c);
 
 bool SchemaPrefix::feed(std::string_view bytes) { return feed_bytes(*this, bytes); }
 
-JsonSchemaConstraint::JsonSchemaConstraint(std::shared_ptr<const JsonTokenTable> table,
-                                           std::shared_ptr<const JsonSchema> schema, std::vector<int32_t> end_ids)
-    : table_(std::move(table)), schema_(std::move(schema)), end_ids_(std::move(end_ids)), state_(schema_.get()) {}
-
-void JsonSchemaConstraint::prepare() { detail::prepare_mask(state_, *table_, mask_); }
-
-void JsonSchemaConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
-
-void JsonSchemaConstraint::write_bits(std::span<uint32_t> bits) { detail::write_mask_bits(state_, *table_, end_ids_, mask_, bits); }
-
-void JsonSchemaConstraint::accept(int32_t token) {
-  mask_.ready = false;
-  if (token < 0 || token >= table_->size() || table_->special(token)) return;
-  state_.feed(table_->bytes(token));
-}
+template class AutomatonConstraint<SchemaPrefix>;
 
 bool CallShape::literal_byte(const std::string& literal, unsigned char c, Part next) {
   if (offset_ >= literal.size() || static_cast<unsigned char>(literal[offset_]) != c) return false;
@@ -430,7 +416,8 @@ CallShape::CallShape(const CallShapeSpec* spec) : spec_(spec) {
 
 CallShapeConstraint::CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec,
                                          std::vector<int32_t> end_ids)
-    : table_(std::move(table)), spec_(std::make_unique<CallShapeSpec>(std::move(spec))), end_ids_(std::move(end_ids)) {
+    : AutomatonConstraint(std::move(table), std::move(end_ids), CallShape()),
+      spec_(std::make_unique<CallShapeSpec>(std::move(spec))) {
   std::vector<size_t> order(spec_->names.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return spec_->names[a] < spec_->names[b]; });
@@ -445,16 +432,6 @@ CallShapeConstraint::CallShapeConstraint(std::shared_ptr<const JsonTokenTable> t
   state_ = CallShape(spec_.get());
 }
 
-void CallShapeConstraint::prepare() { detail::prepare_mask(state_, *table_, mask_); }
-
-void CallShapeConstraint::mask(std::span<float> logits) { detail::apply_mask(state_, *table_, end_ids_, mask_, logits); }
-
-void CallShapeConstraint::write_bits(std::span<uint32_t> bits) { detail::write_mask_bits(state_, *table_, end_ids_, mask_, bits); }
-
-void CallShapeConstraint::accept(int32_t token) {
-  mask_.ready = false;
-  if (token < 0 || token >= table_->size() || table_->special(token)) return;
-  state_.feed(table_->bytes(token));
-}
+template class AutomatonConstraint<CallShape>;
 
 }  // namespace petrel

@@ -112,24 +112,17 @@ class SchemaPrefix {
   bool integer_only_ = false;
 };
 
-// The constraint over one generation (GenerateOptions::constraint).
-class JsonSchemaConstraint final : public LogitConstraint {
+extern template class AutomatonConstraint<SchemaPrefix>;  // json_schema.cc
+
+// Structured outputs: the answer an object `schema` allows.
+class JsonSchemaConstraint final : public AutomatonConstraint<SchemaPrefix> {
  public:
   JsonSchemaConstraint(std::shared_ptr<const JsonTokenTable> table, std::shared_ptr<const JsonSchema> schema,
-                       std::vector<int32_t> end_ids);
-  void prepare() override;
-  void mask(std::span<float> logits) override;
-  bool writes_bits() const override { return true; }
-  void write_bits(std::span<uint32_t> bits) override;
-  void accept(int32_t token) override;
-  bool complete() const { return state_.complete(); }
+                       std::vector<int32_t> end_ids)
+      : AutomatonConstraint(std::move(table), std::move(end_ids), SchemaPrefix(schema.get())), schema_(std::move(schema)) {}
 
  private:
-  std::shared_ptr<const JsonTokenTable> table_;
-  std::shared_ptr<const JsonSchema> schema_;
-  std::vector<int32_t> end_ids_;
-  SchemaPrefix state_;
-  PreparedMask mask_;
+  std::shared_ptr<const JsonSchema> schema_;  // state_ points into it
 };
 
 // A forced tool call's shape (the server's tool_choice "required" or a named function): after the call's opener,
@@ -170,22 +163,15 @@ class CallShape {
   SchemaPrefix arguments_;
 };
 
-class CallShapeConstraint final : public LogitConstraint {
+extern template class AutomatonConstraint<CallShape>;  // json_schema.cc
+
+// A forced tool call: the answer's call, as `spec` says.
+class CallShapeConstraint final : public AutomatonConstraint<CallShape> {
  public:
   CallShapeConstraint(std::shared_ptr<const JsonTokenTable> table, CallShapeSpec spec, std::vector<int32_t> end_ids);
-  void prepare() override;
-  void mask(std::span<float> logits) override;
-  bool writes_bits() const override { return true; }
-  void write_bits(std::span<uint32_t> bits) override;
-  void accept(int32_t token) override;
-  bool complete() const { return state_.complete(); }
 
  private:
-  std::shared_ptr<const JsonTokenTable> table_;
   std::unique_ptr<CallShapeSpec> spec_;  // sorted names (and their schemas); its address stays put for state_
-  std::vector<int32_t> end_ids_;
-  CallShape state_;
-  PreparedMask mask_;
 };
 
 }  // namespace petrel

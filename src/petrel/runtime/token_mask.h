@@ -135,3 +135,29 @@ void apply_mask(const Automaton& state, const JsonTokenTable& table, const std::
 }
 
 }  // namespace petrel::detail
+
+namespace petrel {
+
+template <typename Automaton>
+void AutomatonConstraint<Automaton>::prepare() {
+  detail::prepare_mask(state_, *table_, mask_);
+}
+
+template <typename Automaton>
+void AutomatonConstraint<Automaton>::mask(std::span<float> logits) {
+  detail::apply_mask(state_, *table_, end_ids_, mask_, logits);
+}
+
+template <typename Automaton>
+void AutomatonConstraint<Automaton>::write_bits(std::span<uint32_t> bits) {
+  detail::write_mask_bits(state_, *table_, end_ids_, mask_, bits);
+}
+
+template <typename Automaton>
+void AutomatonConstraint<Automaton>::accept(int32_t token) {
+  mask_.ready = false;
+  if (token < 0 || token >= table_->size() || table_->special(token)) return;
+  state_.feed(table_->bytes(token));
+}
+
+}  // namespace petrel
