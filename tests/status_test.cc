@@ -60,5 +60,22 @@ TEST(ThreadPool, CoversEveryIndexOnce) {
   for (int h : hits) EXPECT_EQ(h, 1);
 }
 
+// Many short calls on pools larger than the machine: threads fall behind, wake late and take each other's
+// chunks; every index must still be covered exactly once by each call, and a call must see the previous one's
+// writes.
+TEST(ThreadPool, BackToBackCallsOnMoreThreadsThanCoresCoverEveryIndexOnce) {
+  for (int threads : {2, 3, 8, 16}) {
+    ThreadPool pool(threads);
+    for (int call = 0; call < 2000; ++call) {
+      const int64_t n = 1 + call % 257, min_block = 1 + call % 7;
+      std::vector<int> hits(static_cast<size_t>(n), 0);
+      pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)] += 1;
+      }, min_block);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << threads << " threads, call " << call << ", index " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace petrel
