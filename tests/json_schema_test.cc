@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "petrel/runtime/session.h"
+#include "petrel/runtime/token_mask.h"
 #include "test_util.h"
 
 namespace petrel {
@@ -129,6 +130,177 @@ TEST(JsonSchema, ArraysKeepToMinItemsAndMaxItems) {
   }
 }
 
+// $ref into $defs / definitions (pydantic v2 and v1, zod), recursive ones, a one-schema allOf and a $ref as the
+// root: followed; references that lead nowhere refused naming the place.
+const char* kRefSchema = R"({
+  "$defs": {
+    "Item": {"type": "object", "properties": {"name": {"type": "string"}, "qty": {"type": "integer"}}, "required": ["name"]},
+    "Tree": {"type": "object", "properties": {
+      "label": {"type": "string"},
+      "kids": {"type": "array", "items": {"$ref": "#/$defs/Tree"}},
+      "next": {"anyOf": [{"$ref": "#/$defs/Tree"}, {"type": "null"}]}}, "required": ["label"]}
+  },
+  "definitions": {"Old": {"enum": ["a", "b"]}},
+  "type": "object",
+  "properties": {
+    "item": {"$ref": "#/$defs/Item", "description": "a sibling of $ref is ignored"},
+    "old": {"allOf": [{"$ref": "#/definitions/Old"}], "description": "v1"},
+    "tree": {"$ref": "#/$defs/Tree"}
+  },
+  "required": ["item"]
+})";
+
+TEST(JsonSchema, RefsAreFollowedRecursiveOnesToo) {
+  auto schema = JsonSchema::compile(njson::parse(kRefSchema));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  for (const char* ok : {R"({"item":{"name":"x"}})", R"({"item":{"qty":2,"name":"x"},"old":"b"})",
+                         R"({"item":{"name":"x"},"tree":{"label":"r","kids":[{"label":"c","kids":[]},{"label":"d"}],"next":{"label":"n","next":null}}})"}) {
+    EXPECT_TRUE(accepts(**schema, ok)) << ok;
+  }
+  for (const char* bad : {R"({"item":{"qty":2}})", R"({"item":{"name":"x"},"old":"c"})", R"({"item":{"name":"x"},"tree":{"kids":[]}})",
+                          R"({"item":{"name":"x"},"tree":{"label":"r","next":1}})", R"({"item":{"name":"x"},"tree":{"label":"r","kids":[{"kids":[]}]}})",
+                          R"({"item":{"name":"x","zz":1}})", R"({"old":"a"})"}) {
+    EXPECT_FALSE(accepts(**schema, bad)) << bad;
+  }
+  // Random trees written by nlohmann::json: accepted down to the automaton's depth; past it the chain must end in
+  // null ('{' refused where it would go deeper, so generation cannot run away).
+  std::mt19937 rng(5);
+  std::function<njson(int)> tree = [&](int depth) {
+    njson t = {{"label", std::string(rng() % 3, 'q')}};
+    if (depth > 0 && rng() % 2) {
+      t["kids"] = njson::array();
+      for (unsigned i = rng() % 3; i > 0; --i) t["kids"].push_back(tree(depth - 1));
+    }
+    if (rng() % 2) t["next"] = depth > 0 && rng() % 2 ? tree(depth - 1) : njson(nullptr);
+    return t;
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const njson o = {{"item", {{"name", "n"}}}, {"tree", tree(static_cast<int>(rng() % 6))}};
+    ASSERT_TRUE(accepts(**schema, o.dump(rng() % 2 ? 1 : -1))) << o.dump();
+  }
+  std::string deep = R"({"item":{"name":"x"},"tree":)";
+  for (int d = 1; d < SchemaPrefix::kMaxDepth; ++d) deep += R"({"label":"a","next":)";
+  SchemaPrefix at_limit(schema->get());
+  ASSERT_TRUE(at_limit.feed(std::string_view(deep)));
+  SchemaPrefix deeper = at_limit;
+  EXPECT_FALSE(deeper.feed('{'));
+  EXPECT_TRUE(at_limit.feed(std::string_view("null")));
+
+  // The root may be a $ref; its target's errors name the place that refers to it.
+  auto rooted = JsonSchema::compile(njson::parse(R"({"$ref": "#/$defs/Item", "$defs": {"Item": {"type": "object", "properties": {"a": {"type": "boolean"}}}}})"));
+  ASSERT_TRUE(rooted.ok()) << rooted.status().to_string();
+  EXPECT_TRUE(accepts(**rooted, R"({"a":true})"));
+  EXPECT_FALSE(accepts(**rooted, R"({"a":1})"));
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}})", "properties.a.$ref: 'other.json#/x' is not a place in this schema"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}})", "properties.a.$ref: '#/$defs/Missing' names nothing"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#$defs"}}})", "is not a JSON pointer"},
+      {R"({"type": "object", "properties": {"a": {"$ref": 3}}})", "properties.a.$ref: expected a string"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"$ref": "#/$defs/A"}}})", "a cycle of $refs"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/S"}}, "$defs": {"S": {"type": "text"}}})", "properties.a.type"},
+  };
+  for (const auto& [text, what] : bad) {
+    auto refused = JsonSchema::compile(njson::parse(text));
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_NE(refused.status().message().find(what), std::string::npos) << refused.status().message();
+  }
+}
+
+// Characters of a string as JSON Schema counts them (code points) from its UTF-8 bytes: the bytes that do not
+// continue a character.
+size_t code_points(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// minLength / maxLength in characters: escapes, multi-byte characters and surrogate pairs counted as nlohmann::json
+// parses them; the byte that would pass maxLength, and a closing quote before minLength, refused where they come.
+TEST(JsonSchema, StringsKeepToMinLengthAndMaxLength) {
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"code": {"type": ["string", "null"], "minLength": 2, "maxLength": 3},
+          "long": {"type": "string", "maxLength": 100}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  for (const char* ok : {R"({"code":"ab"})", R"({"code":"abc"})", "{\"code\":\"\xC3\xA9\xF0\x9F\x98\x80\"}", R"({"code":"\u00e9\n"})",
+                         R"({"code":"\ud83d\ude00x"})", R"({"code":null})", R"({"code":"\"\\/"})"}) {
+    EXPECT_TRUE(accepts(**schema, ok)) << ok;
+  }
+  for (const char* bad : {R"({"code":"a"})", R"({"code":"abcd"})", R"({"code":""})", R"({"code":"\n\n\n\n"})",
+                          "{\"code\":\"\xF0\x9F\x98\x80\"}", R"({"code":"\ud83d\ude00\ud83d\ude00\ud83d\ude00\ud83d\ude00"})"}) {
+    EXPECT_FALSE(accepts(**schema, bad)) << bad;
+  }
+  SchemaPrefix full(schema->get());
+  ASSERT_TRUE(full.feed(std::string_view(R"({"code":"abc)")));
+  SchemaPrefix more = full;
+  EXPECT_FALSE(more.feed('d'));
+  more = full;
+  EXPECT_FALSE(more.feed('\\'));
+  EXPECT_TRUE(full.feed('"'));
+  // A plain token (at most kMaxPlainBytes characters) may come anywhere only while it cannot pass maxLength.
+  SchemaPrefix lng(schema->get());
+  ASSERT_TRUE(lng.feed(std::string_view(R"({"long":")")));
+  EXPECT_TRUE(lng.in_plain_string());
+  ASSERT_TRUE(lng.feed(std::string_view(std::string(40, 'x'))));
+  EXPECT_FALSE(lng.in_plain_string());
+
+  std::mt19937 rng(3);
+  const std::vector<std::string> pieces = {"a", " ", "\xC3\xA9", "\"", "\\", "\n", "\xF0\x9F\x98\x80", "\x01"};
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string value;
+    for (unsigned i = rng() % 6; i > 0; --i) value += pieces[rng() % pieces.size()];
+    const njson o = {{"code", value}};
+    const std::string written = o.dump(-1, ' ', rng() % 2 == 0);  // half the time \u escapes (surrogate pairs)
+    const size_t n = code_points(value);
+    EXPECT_EQ(accepts(**schema, written), n >= 2 && n <= 3) << written;
+  }
+  for (const char* bad : {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}})",
+                          R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}})"}) {
+    auto refused = JsonSchema::compile(njson::parse(bad));
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("properties.a.minLength"), std::string::npos) << refused.status().message();
+  }
+}
+
+// The token mask against brute force: at each state, the tokens allowed are exactly those whose bytes the
+// automaton takes from that state (the mask judges most by their first two bytes and lets plain tokens through
+// wholesale inside strings: this checks both shortcuts), on the Llama 3.1 vocabulary.
+template <typename Automaton>
+void expect_mask_is_brute_force(const Automaton& state, const JsonTokenTable& table, const std::string& where) {
+  std::vector<uint8_t> allowed;
+  detail::allowed_tokens(state, table, allowed);
+  int wrong = 0;
+  for (int32_t id = 0; id < table.size() && wrong < 5; ++id) {
+    Automaton trial = state;
+    const bool takes = !table.special(id) && !table.bytes(id).empty() && trial.feed(table.bytes(id));
+    if (takes != (allowed[static_cast<size_t>(id)] != 0)) {
+      ++wrong;
+      ADD_FAILURE() << where << ": token " << id << " " << njson(std::string(table.bytes(id))).dump() << " allowed " << int(allowed[static_cast<size_t>(id)])
+                    << ", the automaton " << (takes ? "takes" : "refuses") << " it";
+    }
+  }
+}
+
+TEST(TokenMask, AllowsExactlyTheTokensTheAutomatonTakes) {
+  auto engine = testing::tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(engine->model().config().vocab_size));
+  for (const char* prefix : {"", "{\"a\": \"x", "{\"a\": \"\\ud83d", "{\"a\": \"\\ud83d\\ude00", "{\"a\": [1, \"", "{\"a\": 12"}) {
+    JsonPrefix state;
+    ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
+    expect_mask_is_brute_force(state, *table, std::string("JSON after ") + prefix);
+  }
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 3},
+          "long": {"type": "string", "maxLength": 70}, "tree": {"$ref": "#"}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  for (const std::string& prefix : std::vector<std::string>{"{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"long\": \"",
+                             "{\"long\": \"" + std::string(10, 'y'), "{\"tree\": {\"tree\": {\"co", "{\"long\": \"\\ud83d"}) {
+    SchemaPrefix state(schema->get());
+    ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
+    expect_mask_is_brute_force(state, *table, "schema after " + prefix);
+  }
+}
+
 // Random instances of the schema, serialized by nlohmann::json with random key order and spacing: all accepted.
 TEST(JsonSchema, AcceptsRandomInstancesWrittenByAnotherLibrary) {
   auto schema = weather();
@@ -170,8 +342,9 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
   auto engine = testing::tiny_engine();
   ASSERT_NE(engine, nullptr);
   auto schema = JsonSchema::compile(njson::parse(
-      R"({"type": "object", "properties": {"name": {"enum": ["Ann", "Bob"]}, "age": {"type": "integer"},
-          "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", null]},
+      R"({"$defs": {"Name": {"enum": ["Ann", "Bob"]}}, "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"},
+          "age": {"type": "integer"}, "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", null]},
+          "nick": {"type": "string", "minLength": 1, "maxLength": 4},
           "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}}, "required": ["name", "age"]})"));
   ASSERT_TRUE(schema.ok());
   auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(engine->model().config().vocab_size));
@@ -197,7 +370,13 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
     EXPECT_TRUE(o.contains("name") && (o["name"] == "Ann" || o["name"] == "Bob")) << result->text;
     EXPECT_TRUE(o.contains("age") && o["age"].is_number_integer()) << result->text;
     for (auto it = o.begin(); it != o.end(); ++it) {
-      EXPECT_TRUE(it.key() == "name" || it.key() == "age" || it.key() == "ok" || it.key() == "pet" || it.key() == "kids") << it.key();
+      EXPECT_TRUE(it.key() == "name" || it.key() == "age" || it.key() == "ok" || it.key() == "pet" || it.key() == "kids" ||
+                  it.key() == "nick") << it.key();
+    }
+    if (o.contains("nick")) {
+      EXPECT_TRUE(o["nick"].is_string()) << result->text;
+      const size_t n = code_points(o["nick"].get<std::string>());
+      EXPECT_TRUE(n >= 1 && n <= 4) << result->text;
     }
     if (o.contains("ok")) {
       EXPECT_TRUE(o["ok"].is_boolean());

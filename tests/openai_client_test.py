@@ -140,8 +140,10 @@ def main():
                 check(content.lstrip().startswith("{"), f"json mode (seed {seed}): cut off at max_tokens, an object's start")
 
         # Structured outputs: answers that end satisfy the schema, as the jsonschema package judges them.
-        schema = {"type": "object", "properties": {"name": {"enum": ["Ann", "Bob"]}, "age": {"type": "integer"},
+        schema = {"$defs": {"Name": {"enum": ["Ann", "Bob"]}},
+                  "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"}, "age": {"type": "integer"},
                                                    "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", None]},
+                                                   "nick": {"type": "string", "minLength": 1, "maxLength": 4},
                                                    "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}},
                   "required": ["name", "age"]}
         try:

@@ -21,9 +21,10 @@ int hex_value(unsigned char c) {
   return -1;
 }
 
-// Whole UTF-8 characters with no quote, backslash or control byte: text that leaves a plain string plain.
+// Whole UTF-8 characters with no quote, backslash or control byte, at most kMaxPlainBytes: text that leaves a
+// plain string plain.
 bool plain_string_bytes(std::string_view bytes) {
-  if (bytes.empty()) return false;
+  if (bytes.empty() || bytes.size() > JsonTokenTable::kMaxPlainBytes) return false;
   JsonPrefix probe;
   // A string context: '{"' puts the automaton inside a key.
   probe.feed(std::string_view("{\"", 2));

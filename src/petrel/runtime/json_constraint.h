@@ -79,8 +79,9 @@ class JsonPrefix {
   bool feed(std::string_view bytes);
   // The top-level object has closed: the text so far is a complete JSON object.
   bool complete() const { return mode_ == Mode::kDone; }
-  // Inside a string with no escape or multi-byte character pending: where plain text continues the string.
-  bool in_plain_string() const { return mode_ == Mode::kString && utf8_left_ == 0; }
+  // Inside a string with no escape, multi-byte character or low surrogate pending: where plain text continues
+  // the string, and where a byte other than the closing quote begins a new character.
+  bool in_plain_string() const { return mode_ == Mode::kString && utf8_left_ == 0 && !need_low_surrogate_; }
 
  private:
   enum class Mode : uint8_t {
@@ -129,7 +130,10 @@ class JsonTokenTable {
     return std::string_view(all_bytes_).substr(offset_[i], offset_[i + 1] - offset_[i]);
   }
   bool special(int32_t id) const { return kind_[static_cast<size_t>(id)] == kSpecial; }
+  // Whole characters with no quote, backslash or control byte, at most kMaxPlainBytes long: tokens that leave a
+  // plain string plain (and add at most kMaxPlainBytes characters to it, which a maxLength needs to know).
   bool plain_string_content(int32_t id) const { return kind_[static_cast<size_t>(id)] == kPlain; }
+  static constexpr uint32_t kMaxPlainBytes = 64;
 
  private:
   enum Kind : uint8_t { kOther, kPlain, kSpecial };

@@ -34,10 +34,42 @@ Result<std::string> literal_text(const njson& v, const std::string& where) {
 
 }  // namespace
 
-Result<int32_t> JsonSchema::add(const njson& schema, const std::string& where, int depth) {
+Result<const njson*> JsonSchema::resolve(const njson& schema, const std::string& where) const {
+  const njson* s = &schema;
+  for (int hops = 0; s->is_object(); ++hops) {
+    if (hops > 64) return invalid_argument(where + "$ref: more than 64 references in a row (a cycle of $refs?)");
+    if (const auto ref = s->find("$ref"); ref != s->end()) {
+      if (!ref->is_string()) return invalid_argument(where + "$ref: expected a string");
+      const std::string r = ref->get<std::string>();
+      if (r.empty() || r[0] != '#') {
+        return invalid_argument(where + "$ref: '" + r + "' is not a place in this schema (only '#...' references are read)");
+      }
+      try {
+        const njson::json_pointer pointer(r.substr(1));
+        if (!document_->contains(pointer)) return invalid_argument(where + "$ref: '" + r + "' names nothing in the schema");
+        s = &document_->at(pointer);
+      } catch (const njson::exception& e) {
+        return invalid_argument(where + "$ref: '" + r + "' is not a JSON pointer (" + e.what() + ")");
+      }
+      continue;
+    }
+    if (const auto all = s->find("allOf"); all != s->end() && all->is_array() && all->size() == 1) {
+      s = &(*all)[0];
+      continue;
+    }
+    break;
+  }
+  return s;
+}
+
+Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, int depth) {
   if (depth > kMaxSchemaDepth) return invalid_argument(where + ": nested deeper than " + std::to_string(kMaxSchemaDepth));
+  PETREL_ASSIGN_OR_RETURN(const njson* resolved, resolve(written, where));
+  if (const auto known = compiled_.find(resolved); known != compiled_.end()) return known->second;
+  const njson& schema = *resolved;
   const int32_t index = static_cast<int32_t>(nodes_.size());
   nodes_.emplace_back();
+  compiled_.emplace(resolved, index);
   if (schema.is_boolean() || (schema.is_object() && schema.empty())) return index;  // true / {}: anything
   if (!schema.is_object()) return invalid_argument(where + ": a schema must be an object, not " + schema.dump());
   Node node;
@@ -60,11 +92,15 @@ Result<int32_t> JsonSchema::add(const njson& schema, const std::string& where, i
   if (branches) {
     if (!branches->is_array() || branches->empty()) return invalid_argument(where + "anyOf: expected a non-empty array");
     parts.clear();
-    for (const njson& b : *branches) parts.push_back(&b);
+    for (const njson& b : *branches) {
+      PETREL_ASSIGN_OR_RETURN(const njson* branch, resolve(b, where + "anyOf."));
+      parts.push_back(branch);
+    }
   }
   node.types = 0;
   const njson* object_part = nullptr;
   const njson* array_part = nullptr;
+  const njson* string_part = nullptr;
   for (const njson* part : parts) {
     uint8_t types = 0;
     if (part->is_object() && part->contains("type")) {
@@ -86,7 +122,23 @@ Result<int32_t> JsonSchema::add(const njson& schema, const std::string& where, i
     node.types |= types;
     if (types & kObject) object_part = part;
     if (types & kArray) array_part = part;
+    if (types & kString) string_part = part;
   }
+  // minItems/maxItems, minLength/maxLength: non-negative integer bounds, the lower at most the upper.
+  const auto bounds = [&](const njson* part, const char* low, const char* high, uint32_t& lo, uint32_t& hi) -> Status {
+    if (!part || !part->is_object()) return Status::ok_status();
+    for (const char* bound : {low, high}) {
+      if (!part->contains(bound)) continue;
+      const njson& v = (*part)[bound];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > int64_t{UINT32_MAX} - 1) {
+        return invalid_argument(where + bound + ": expected a non-negative integer");
+      }
+      (bound == low ? lo : hi) = static_cast<uint32_t>(v.get<int64_t>());
+    }
+    if (lo > hi) return invalid_argument(where + low + ": more than " + high);
+    return Status::ok_status();
+  };
+  if (node.types & kString) PETREL_RETURN_IF_ERROR(bounds(string_part, "minLength", "maxLength", node.min_length, node.max_length));
   if ((node.types & kObject) && object_part) {
     const njson& o = *object_part;
     if (o.is_object() && o.contains("properties")) {
@@ -122,15 +174,7 @@ Result<int32_t> JsonSchema::add(const njson& schema, const std::string& where, i
     }
   }
   if ((node.types & kArray) && array_part && array_part->is_object()) {
-    for (const char* bound : {"minItems", "maxItems"}) {
-      if (!array_part->contains(bound)) continue;
-      const njson& v = (*array_part)[bound];
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > int64_t{UINT32_MAX} - 1) {
-        return invalid_argument(where + bound + ": expected a non-negative integer");
-      }
-      (std::string_view(bound) == "minItems" ? node.min_items : node.max_items) = static_cast<uint32_t>(v.get<int64_t>());
-    }
-    if (node.min_items > node.max_items) return invalid_argument(where + "minItems: more than maxItems");
+    PETREL_RETURN_IF_ERROR(bounds(array_part, "minItems", "maxItems", node.min_items, node.max_items));
     if (array_part->contains("items")) {
       nodes_[static_cast<size_t>(index)] = node;
       PETREL_ASSIGN_OR_RETURN(node.items, add((*array_part)["items"], where + "items.", depth + 1));
@@ -142,7 +186,11 @@ Result<int32_t> JsonSchema::add(const njson& schema, const std::string& where, i
 
 Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const njson& schema) {
   auto compiled = std::make_shared<JsonSchema>();
-  PETREL_ASSIGN_OR_RETURN(int32_t root, compiled->add(schema, "", 0));
+  compiled->document_ = &schema;
+  auto root_or = compiled->add(schema, "", 0);
+  compiled->document_ = nullptr;
+  compiled->compiled_.clear();
+  PETREL_ASSIGN_OR_RETURN(int32_t root, std::move(root_or));
   const Node& r = compiled->nodes_[static_cast<size_t>(root)];
   if (r.types != kObject) return invalid_argument("the schema's root must be an object (\"type\": \"object\")");
   return std::shared_ptr<const JsonSchema>(std::move(compiled));
@@ -174,6 +222,8 @@ bool SchemaPrefix::value_done() {
 bool SchemaPrefix::start_value(unsigned char c) {
   if (pending_node_ < 0) {  // array items with no schema: any value
     integer_only_ = false;
+    length_ = min_length_ = 0;
+    max_length_ = UINT32_MAX;
     free_ = JsonPrefix::any_value();
     if (!free_.feed(c)) return false;
     value_ = Value::kScalar;
@@ -212,6 +262,9 @@ bool SchemaPrefix::start_value(unsigned char c) {
   else return false;
   if (!(node.types & need)) return false;
   integer_only_ = (node.types & (JsonSchema::kNumber | JsonSchema::kInteger)) == JsonSchema::kInteger;
+  length_ = 0;
+  min_length_ = c == '"' ? node.min_length : 0;
+  max_length_ = c == '"' ? node.max_length : UINT32_MAX;
   free_ = JsonPrefix::any_value();
   if (!free_.feed(c)) return false;
   value_ = Value::kScalar;
@@ -223,7 +276,14 @@ bool SchemaPrefix::step(unsigned char c) {
   if (done_) return false;
   if (value_ == Value::kScalar) {
     if (integer_only_ && free_.in_number() && (c == '.' || c == 'e' || c == 'E')) return false;
-    if (free_.feed(c)) return free_.complete() ? value_done() : true;
+    // A string's length: a byte other than the closing quote at a character boundary begins a character.
+    const bool boundary = free_.in_plain_string();
+    if (boundary && c == '"' && length_ < min_length_) return false;
+    if (boundary && c != '"' && length_ >= max_length_) return false;
+    if (free_.feed(c)) {
+      if (boundary && c != '"') ++length_;
+      return free_.complete() ? value_done() : true;
+    }
     if (!free_.can_end()) return false;
     value_done();  // a number ended by what follows it
     return step(c);

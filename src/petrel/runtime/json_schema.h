@@ -11,17 +11,23 @@
 //    no properties is any object;
 //  - array: "items" (absent: any values), "minItems", "maxItems" (so that a weak model cannot repeat items until
 //    max_tokens where the schema bounds them);
+//  - string: "minLength", "maxLength" (in characters: code points, an escape one character, a surrogate pair's
+//    two escapes one);
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
-//  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union.
-// Anything else that constrains ($ref, allOf, not, pattern, format, minimum, minLength, ...) is not enforced: the
-// value is only checked to be valid JSON of the allowed types. Keys come out in any order, each at most once, and
-// an object closes only when its required keys are there. The root must be an object.
+//  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union;
+//  - "$ref" to any place of the same document ("#", "#/$defs/Name", "#/definitions/Name": what pydantic and
+//    zod write), recursive ones included; "allOf" of one schema (pydantic v1's wrapper of a $ref) as that schema.
+// Anything else that constrains (allOf of several, not, pattern, format, minimum, ...) is not enforced: the value
+// is only checked to be valid JSON of the allowed types. Keys come out in any order, each at most once, and an
+// object closes only when its required keys are there. The root must be an object. A recursive schema's values
+// nest at most SchemaPrefix::kMaxDepth deep: past that, only a branch that is not an object or array is taken.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +51,7 @@ class JsonSchema {
     uint64_t required = 0;                  // bit i: keys[i] is required
     int32_t items = -1;                     // array: the items' schema, -1 any
     uint32_t min_items = 0, max_items = UINT32_MAX;  // array: minItems, maxItems
+    uint32_t min_length = 0, max_length = UINT32_MAX;  // string: minLength, maxLength
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
   };
 
@@ -58,7 +65,12 @@ class JsonSchema {
 
  private:
   Result<int32_t> add(const nlohmann::json& schema, const std::string& where, int depth);
+  Result<const nlohmann::json*> resolve(const nlohmann::json& schema, const std::string& where) const;
   std::vector<Node> nodes_;
+  // While compiling: the whole document ($ref's target), and the node made for each schema object so far (so a
+  // schema referenced twice is one node, and a recursive one a cycle of nodes).
+  const nlohmann::json* document_ = nullptr;
+  std::unordered_map<const nlohmann::json*, int32_t> compiled_;
 };
 
 // The automaton: the value of schema->root(), then nothing. Cheap to copy (a fixed-size stack of frames).
@@ -71,7 +83,10 @@ class SchemaPrefix {
   bool feed(unsigned char c);         // false, state unchanged, when no allowed text continues this way
   bool feed(std::string_view bytes);  // false when a byte is rejected (state then unspecified)
   bool complete() const { return done_; }
-  bool in_plain_string() const { return value_ == Value::kScalar && free_.in_plain_string(); }
+  // In a string value where any plain token may come (none can reach its maxLength).
+  bool in_plain_string() const {
+    return value_ == Value::kScalar && free_.in_plain_string() && max_length_ - length_ >= JsonTokenTable::kMaxPlainBytes;
+  }
 
  private:
   enum class Value : uint8_t { kNone, kScalar, kLiteral };  // what the value being read is
@@ -110,6 +125,8 @@ class SchemaPrefix {
   int32_t value_node_ = 0;
   JsonPrefix free_;  // kScalar: a string, number or literal, or any value of an untyped node
   bool integer_only_ = false;
+  uint32_t length_ = 0;                                // a string value: its characters so far
+  uint32_t min_length_ = 0, max_length_ = UINT32_MAX;  // and its bounds (none for other values)
 };
 
 extern template class AutomatonConstraint<SchemaPrefix>;  // json_schema.cc
