@@ -38,6 +38,7 @@ constexpr int kMaxCode = 32639;
 constexpr int64_t kMaxBlock = 128;  // input columns per activation scale
 constexpr int64_t kTileRows = 4;    // rows per GEMM register tile
 constexpr int64_t kPanel = 128;     // output channels per GEMM task
+constexpr int64_t kMaddPanel = 64;  // output channels per GEMM task of the int16 path
 
 // Activations quantized for the VNNI kernels (see gptq_matmul.h). Rows are grouped in tiles of `tile_rows`;
 // per tile and packed input word, `tile_rows` x `slots` int32 of four int8 each, zero for padding rows:
@@ -51,6 +52,18 @@ struct PackedActs {
   int64_t rows = 0, cols = 0, tile_rows = 1, n_blocks = 0, block = 0;
 };
 
+// Activations for the int16 kernels (targets without VNNI): per row, per packed input word, the int16 codes in
+// the pairs the weights are unpacked into, each pair one int32 (low half first):
+//   4-bit words (codes 8k..8k+7): (q0, q4), (q1, q5), (q2, q6), (q3, q7)
+//   8-bit words (codes 4k..4k+3): (q0, q2), (q1, q3)
+struct PairedActs {
+  const int32_t* pairs = nullptr;  // [rows, cols / 2]
+  const float* scale = nullptr;    // [rows, n_blocks]: value = scale * q
+  const float* qsum = nullptr;     // [rows, n_blocks]: sum of q over the block (for zero points)
+  const int16_t* q = nullptr;      // [rows, cols]: the codes, for the scalar tail channels
+  int64_t rows = 0, cols = 0, n_blocks = 0, block = 0;
+};
+
 }  // namespace petrel::cpu::detail
 #endif  // PETREL_GPTQ_MATMUL_SHARED
 
@@ -59,72 +72,179 @@ namespace petrel::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using detail::PackedActs;
+using detail::PairedActs;
 
 // ------------------------------------------------------------------------------------------------
-// Float path (every target): y[o_begin, o_end) for one row, codes converted to float and FMA'd.
+// Int16 path (every target without VNNI: AVX2, AVX-512 without VNNI, SSE4, NEON, ...).
 //
-// Loop order: for each packed input word row k, stream across this thread's whole range of output channels,
-// whose words are contiguous in memory, accumulating into a per-channel buffer that stays in L1/L2. Walking
-// k innermost instead would touch a new 4 KiB page on every load (the row stride is out * 4 bytes).
+// The codes of a word are unpacked into int16 pairs, one pair per 32-bit lane (one lane per output channel):
+// (w >> 4j) & 0x000F000F holds codes j and j + 4 of a 4-bit word, (w >> 8j) & 0x00FF00FF codes j and j + 2 of an
+// 8-bit one; ReorderWidenMulAccumulate (VPMADDWD on x86) multiplies them with the activations' pair of the same
+// codes and adds both products into the lane's int32: 16 multiply-adds per AVX2 instruction, exact. A block of
+// 128 columns sums to at most 128 * 255 * 32639 < 2^31. Per block the int32 sums are folded into y as
+//     y[o] += scale[g, o] * act_scale[b] * (dot_b[o] - zero[g, o] * sum_b(q)),
+// the VNNI path's formula. kRows rows x kVecs vectors of channels of accumulators live across up to 16 word rows
+// of a block (4 x 2 for the GEMM's tiles: 8 of AVX2's 16 registers; 1 x 2 for the GEMV), which are read as 16
+// sequential streams (the GEMV: what the hardware prefetchers follow; software prefetch measured slower, and a
+// single stream through int32 sums in L1 too: docs/PERFORMANCE.md). The GEMM reads a contiguous copy of each
+// panel of 64 channels, which stays in L2 across the tiles of 4 rows.
+
+#if HWY_TARGET != HWY_SCALAR  // one lane cannot hold a pair: the scalar target takes MaddTail for every channel
+using DI = hn::ScalableTag<int32_t>;
+using DF = hn::RebindToFloat<DI>;
+using DI16 = hn::Repartition<int16_t, DI>;
+using VI = hn::Vec<DI>;
+// Word rows per sweep of a block's channels: 16 sequential streams, as many as the hardware prefetchers follow
+// (8-bit blocks of 32 word rows are swept in two halves, their partial sums folded one after the other).
+constexpr int64_t kMaxStreams = 16;
+
+// Scales and zero points of the lanes' channels [o, o + lanes) of group g, as float.
+HWY_INLINE hn::Vec<DF> MaddScales(const ref::GptqMatrix& w, int64_t g, int64_t o) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w.scales + g * w.rows + o)));
+}
 template <int kBits>
-void FloatGemvRange(const float* x, const ref::GptqMatrix& w, const float* group_sums, int64_t o_begin,
-                    int64_t o_end, float* y) {
-  constexpr int kPerWord = 32 / kBits;
-  const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::RebindToUnsigned<decltype(df)> du;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t n = o_end - o_begin, n_vec = n / lanes * lanes;
-  const int64_t rows = w.rows, groups = w.n_groups(), words_per_group = w.group_size / kPerWord;
-  const auto mask = hn::Set(di, (1 << kBits) - 1);
-  thread_local std::vector<float> acc, total;
-  acc.assign(n_vec, 0.0f);
-  total.assign(n_vec, 0.0f);
-  for (int64_t g = 0; g < groups; ++g) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    const int64_t k_begin = g * words_per_group, k_end = std::min(w.cols / kPerWord, k_begin + words_per_group);
-    for (int64_t k = k_begin; k < k_end; ++k) {
-      const int32_t* row = w.qweight + k * rows + o_begin;
-      const float* xk = x + kPerWord * k;
-      for (int64_t o = 0; o < n_vec; o += lanes) {
-        const auto words = hn::LoadU(di, row + o);
-        auto a = hn::LoadU(df, acc.data() + o);
-        for (int j = 0; j < kPerWord - 1; ++j) {
-          const auto code = hn::And(hn::ShiftRightSame(words, j * kBits), mask);
-          a = hn::MulAdd(hn::ConvertTo(df, code), hn::Set(df, xk[j]), a);
+HWY_INLINE hn::Vec<DF> MaddZeros(const ref::GptqMatrix& w, int64_t g, int64_t o) {
+  const DI di;
+  constexpr int kLog2PerWord = kBits == 4 ? 3 : 2;  // log2(codes per word)
+  const VI channel = hn::Add(hn::Set(di, static_cast<int32_t>(o)), hn::Iota(di, 0));
+  const VI words = hn::GatherIndex(di, w.qzeros + g * (w.rows * kBits / 32), hn::ShiftRight<kLog2PerWord>(channel));
+  const VI shift = hn::ShiftLeft<kBits == 4 ? 2 : 3>(hn::And(channel, hn::Set(di, (1 << kLog2PerWord) - 1)));
+  const VI zero = hn::And(hn::Shr(words, shift), hn::Set(di, (1 << kBits) - 1));
+  return hn::ConvertTo(DF(), hn::Add(zero, hn::Set(di, w.zero_offset)));
+}
+
+// y[row0 + r, o .. o_end) for r < n_rows (<= kRows), added into y (the caller zeroes it). Channels in steps of
+// kVecs vectors; o_end - o_begin a multiple of that. Channel o's word k is words[k * stride + o - o_base]: the
+// matrix itself (stride w.rows) or a contiguous copy of a panel's columns.
+template <int kBits, int kRows, int kVecs>
+void MaddTile(const PairedActs& a, const ref::GptqMatrix& w, const int32_t* words_base, int64_t stride,
+              int64_t o_base, int64_t row0, int64_t n_rows, int64_t o_begin, int64_t o_end, float* y) {
+  constexpr int kPairs = 16 / kBits;  // int32 pairs per word: 4 (4-bit) or 2 (8-bit)
+  const DI di;
+  const DF df;
+  const DI16 d16;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(di)), words_per_block = a.block * kBits / 32;
+  const VI mask = hn::Set(di, kBits == 4 ? 0x000F000F : 0x00FF00FF);
+  const int32_t* pairs[kRows];
+  for (int r = 0; r < kRows; ++r) {  // rows past n_rows repeat the last (computed, not stored)
+    pairs[r] = a.pairs + (row0 + std::min<int64_t>(r, n_rows - 1)) * (a.cols / 2);
+  }
+  for (int64_t b = 0; b < a.n_blocks; ++b)
+  for (int64_t k0 = b * words_per_block; k0 < (b + 1) * words_per_block; k0 += kMaxStreams) {
+    const int64_t k1 = std::min((b + 1) * words_per_block, k0 + kMaxStreams), g = b * a.block / w.group_size;
+    const bool first = k0 == b * words_per_block;  // the zero-point term once per block
+    for (int64_t o = o_begin; o < o_end; o += kVecs * lanes) {
+      VI acc[kRows][kVecs], acc1[kRows][kVecs];
+      #pragma GCC unroll 16
+      for (int r = 0; r < kRows; ++r) {
+        #pragma GCC unroll 16
+        for (int v = 0; v < kVecs; ++v) acc[r][v] = acc1[r][v] = hn::Zero(di);
+      }
+      const int32_t* wk = words_base + k0 * stride + (o - o_base);
+      for (int64_t k = k0; k < k1; ++k, wk += stride) {
+        VI words[kVecs];
+        #pragma GCC unroll 16
+        for (int v = 0; v < kVecs; ++v) words[v] = hn::LoadU(di, wk + v * lanes);
+        #pragma GCC unroll 16
+        for (int j = 0; j < kPairs; ++j) {
+          VI codes[kVecs];
+          #pragma GCC unroll 16
+          for (int v = 0; v < kVecs; ++v) codes[v] = hn::And(hn::ShiftRightSame(words[v], j * kBits), mask);
+          #pragma GCC unroll 16
+          for (int r = 0; r < kRows; ++r) {
+            const auto x = hn::BitCast(d16, hn::Set(di, pairs[r][k * kPairs + j]));
+            #pragma GCC unroll 16
+            for (int v = 0; v < kVecs; ++v) {
+              acc[r][v] = hn::ReorderWidenMulAccumulate(di, hn::BitCast(d16, codes[v]), x, acc[r][v], acc1[r][v]);
+            }
+          }
         }
-        // The top code: a logical shift, so that bit 31 does not sign-extend.
-        const auto top = hn::BitCast(di, hn::ShiftRight<32 - kBits>(hn::BitCast(du, words)));
-        a = hn::MulAdd(hn::ConvertTo(df, top), hn::Set(df, xk[kPerWord - 1]), a);
-        hn::StoreU(a, df, acc.data() + o);
+      }
+      #pragma GCC unroll 16
+      for (int v = 0; v < kVecs; ++v) {
+        const int64_t ov = o + v * lanes;
+        const auto scale = MaddScales(w, g, ov), zero = MaddZeros<kBits>(w, g, ov);
+        for (int r = 0; r < n_rows && r < kRows; ++r) {
+          const int64_t row = row0 + r;
+          const auto dot = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(acc[r][v], acc1[r][v]));
+          const auto qsum = hn::Set(df, first ? a.qsum[row * a.n_blocks + b] : 0.0f);
+          const auto centered = hn::NegMulAdd(zero, qsum, dot);
+          const auto s = hn::Mul(scale, hn::Set(df, a.scale[row * a.n_blocks + b]));
+          float* dst = y + row * w.rows + ov;
+          hn::StoreU(hn::MulAdd(centered, s, hn::LoadU(df, dst)), df, dst);
+        }
       }
     }
-    // total += scale * (acc - zero * sum(x of the group)), per channel.
-    for (int64_t o = 0; o < n_vec; ++o) {
-      const int64_t channel = o_begin + o;
-      total[o] += w.scale(g, channel) * (acc[o] - static_cast<float>(w.zero(g, channel)) * group_sums[g]);
-    }
-  }
-  std::copy(total.begin(), total.end(), y + o_begin);
-  for (int64_t channel = o_begin + n_vec; channel < o_end; ++channel) {  // channels past the last whole vector
-    float sum = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      float dot = 0;
-      const int64_t c_begin = g * w.group_size, c_end = std::min(w.cols, c_begin + w.group_size);
-      for (int64_t c = c_begin; c < c_end; ++c) dot += x[c] * static_cast<float>(w.code(channel, c));
-      sum += w.scale(g, channel) * (dot - static_cast<float>(w.zero(g, channel)) * group_sums[g]);
-    }
-    y[channel] = sum;
   }
 }
 
-void FloatGemv(const float* x, const ref::GptqMatrix& w, const float* group_sums, int64_t o_begin, int64_t o_end,
-               float* y) {
-  if (w.bits == 4) FloatGemvRange<4>(x, w, group_sums, o_begin, o_end, y);
-  else FloatGemvRange<8>(x, w, group_sums, o_begin, o_end, y);
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// The same for channels past the last whole vector, one at a time from the int16 codes (same integers, same fold).
+void MaddTail(const PairedActs& a, const ref::GptqMatrix& w, int64_t row0, int64_t n_rows, int64_t o_begin,
+              int64_t o_end, float* y) {
+  for (int64_t row = row0; row < row0 + n_rows; ++row) {
+    const int16_t* q = a.q + row * a.cols;
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      float sum = 0;
+      for (int64_t b = 0; b < a.n_blocks; ++b) {
+        const int64_t c0 = b * a.block, g = c0 / w.group_size;
+        int32_t dot = 0;
+        for (int64_t c = c0; c < c0 + a.block; ++c) dot += w.code(o, c) * q[c];
+        sum += w.scale(g, o) * a.scale[row * a.n_blocks + b] *
+               (static_cast<float>(dot) - static_cast<float>(w.zero(g, o)) * a.qsum[row * a.n_blocks + b]);
+      }
+      y[row * w.rows + o] = sum;
+    }
+  }
 }
 
-size_t VectorLanes() { return hn::Lanes(hn::ScalableTag<float>()); }
+// Channels [o_begin, o_end) of rows [row0, row0 + n_rows): tiles of kRows rows, kVecs vectors, then one vector,
+// then the scalar tail. y's range is overwritten.
+template <int kBits, int kRows, int kVecs>
+void MaddRange(const PairedActs& a, const ref::GptqMatrix& w, const int32_t* words, int64_t stride, int64_t o_base,
+               int64_t row0, int64_t n_rows, int64_t o_begin, int64_t o_end, float* y) {
+#if HWY_TARGET == HWY_SCALAR
+  MaddTail(a, w, row0, n_rows, o_begin, o_end, y);
+#else
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DI()));
+  const int64_t wide_end = o_begin + (o_end - o_begin) / (kVecs * lanes) * (kVecs * lanes);
+  const int64_t vec_end = o_begin + (o_end - o_begin) / lanes * lanes;
+  for (int64_t row = row0; row < row0 + n_rows; ++row) std::fill(y + row * w.rows + o_begin, y + row * w.rows + vec_end, 0.0f);
+  for (int64_t r = row0; r < row0 + n_rows; r += kRows) {
+    const int64_t rows_here = std::min<int64_t>(kRows, row0 + n_rows - r);
+    MaddTile<kBits, kRows, kVecs>(a, w, words, stride, o_base, r, rows_here, o_begin, wide_end, y);
+    MaddTile<kBits, kRows, 1>(a, w, words, stride, o_base, r, rows_here, wide_end, vec_end, y);
+  }
+  MaddTail(a, w, row0, n_rows, vec_end, o_end, y);
+#endif
+}
+
+// The GEMV (one row) over channels [o_begin, o_end).
+void MaddGemv(const PairedActs& a, const ref::GptqMatrix& w, int64_t o_begin, int64_t o_end, float* y) {
+  constexpr int kVecs = 2;
+  if (w.bits == 4) MaddRange<4, 1, kVecs>(a, w, w.qweight, w.rows, 0, 0, 1, o_begin, o_end, y);
+  else MaddRange<8, 1, kVecs>(a, w, w.qweight, w.rows, 0, 0, 1, o_begin, o_end, y);
+}
+
+// The GEMM: all rows, channel panels [p_begin, p_end) of kMaddPanel channels. A panel's columns are copied
+// into a contiguous strip first and stay in L2 while the row tiles go by: read in place, its word rows lie a
+// multiple of 4 KiB apart (out * 4 bytes) and evict each other from the same cache sets.
+void MaddGemm(const PairedActs& a, const ref::GptqMatrix& w, int64_t p_begin, int64_t p_end, float* y) {
+  thread_local std::vector<int32_t> strip;
+  const int64_t words_per_row = w.cols * w.bits / 32;
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const int64_t o0 = p * detail::kMaddPanel, o1 = std::min(w.rows, o0 + detail::kMaddPanel), width = o1 - o0;
+    strip.resize(static_cast<size_t>(words_per_row * width));
+    for (int64_t k = 0; k < words_per_row; ++k) {
+      std::memcpy(strip.data() + k * width, w.qweight + k * w.rows + o0, static_cast<size_t>(width) * sizeof(int32_t));
+    }
+    if (w.bits == 4) MaddRange<4, 4, 2>(a, w, strip.data(), width, o0, 0, a.rows, o0, o1, y);
+    else MaddRange<8, 4, 2>(a, w, strip.data(), width, o0, 0, a.rows, o0, o1, y);
+  }
+}
 
 // ------------------------------------------------------------------------------------------------
 // VNNI path (AVX3_DL only).
@@ -394,8 +514,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace petrel::cpu {
 
-HWY_EXPORT(FloatGemv);
-HWY_EXPORT(VectorLanes);
+HWY_EXPORT(MaddGemv);
+HWY_EXPORT(MaddGemm);
 HWY_EXPORT(HasVnni);
 HWY_EXPORT(VnniGemv);
 HWY_EXPORT(VnniGemm);
@@ -417,6 +537,34 @@ inline uint32_t pack4(int a, int b, int c, int d) {
          static_cast<uint32_t>(static_cast<uint8_t>(c)) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(d)) << 24;
 }
 
+// Activations quantized to int16 per block of `block` columns: q[rows, cols], scale and qsum [rows, n_blocks].
+void quantize_activations(const float* x, int64_t n_rows, int64_t cols, int64_t block, Scratch& s) {
+  const int64_t n_blocks = cols / block;
+  s.q.resize(n_rows * cols);
+  s.scale.resize(n_rows * n_blocks);
+  s.qsum.resize(n_rows * n_blocks);
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const float* xr = x + row * cols;
+    int16_t* q = s.q.data() + row * cols;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      float amax = 0;
+      for (int64_t c = b * block; c < (b + 1) * block; ++c) amax = std::max(amax, std::fabs(xr[c]));
+      const float scale = amax > 0 ? amax / detail::kMaxCode : 1.0f, inv = 1.0f / scale;
+      int32_t sum = 0;
+      for (int64_t c = b * block; c < (b + 1) * block; ++c) {
+        // Round to nearest even by adding 1.5 * 2^23 (exact for |x * inv| <= 32639 < 2^22); vectorizes, unlike
+        // nearbyint, which is a libm call under GCC's default -fmath-errno.
+        const float shifted = xr[c] * inv + 12582912.0f;
+        const int v = std::clamp(std::bit_cast<int32_t>(shifted) - 0x4B400000, -detail::kMaxCode, detail::kMaxCode);
+        q[c] = static_cast<int16_t>(v);
+        sum += v;
+      }
+      s.scale[row * n_blocks + b] = scale;
+      s.qsum[row * n_blocks + b] = static_cast<float>(sum);
+    }
+  }
+}
+
 detail::PackedActs pack_activations(const float* x, int64_t n_rows, const ref::GptqMatrix& w, int64_t tile_rows,
                                     Scratch& s) {
   detail::PackedActs a;
@@ -425,37 +573,20 @@ detail::PackedActs pack_activations(const float* x, int64_t n_rows, const ref::G
   a.tile_rows = tile_rows;
   a.block = activation_block(w);
   a.n_blocks = w.cols / a.block;
+  quantize_activations(x, n_rows, w.cols, a.block, s);
   const int per_word = 32 / w.bits, slots = w.bits == 4 ? 4 : 2;
   const int64_t words_per_row = w.cols / per_word, tiles = (n_rows + tile_rows - 1) / tile_rows;
-  s.q.resize(n_rows * w.cols);
-  s.scale.resize(n_rows * a.n_blocks);
-  s.qsum.resize(n_rows * a.n_blocks);
   s.words.assign(tiles * words_per_row * tile_rows * slots, 0);
   s.hi.resize(w.cols);
   s.lo.resize(w.cols);
   int8_t* hi = s.hi.data();
   int8_t* lo = s.lo.data();
   for (int64_t row = 0; row < n_rows; ++row) {
-    const float* xr = x + row * w.cols;
-    int16_t* q = s.q.data() + row * w.cols;
-    for (int64_t b = 0; b < a.n_blocks; ++b) {
-      float amax = 0;
-      for (int64_t c = b * a.block; c < (b + 1) * a.block; ++c) amax = std::max(amax, std::fabs(xr[c]));
-      const float scale = amax > 0 ? amax / detail::kMaxCode : 1.0f, inv = 1.0f / scale;
-      int32_t sum = 0;
-      for (int64_t c = b * a.block; c < (b + 1) * a.block; ++c) {
-        // Round to nearest even by adding 1.5 * 2^23 (exact for |x * inv| <= 32639 < 2^22); vectorizes, unlike
-        // nearbyint, which is a libm call under GCC's default -fmath-errno.
-        const float shifted = xr[c] * inv + 12582912.0f;
-        const int v = std::clamp(std::bit_cast<int32_t>(shifted) - 0x4B400000, -detail::kMaxCode, detail::kMaxCode);
-        q[c] = static_cast<int16_t>(v);
-        sum += v;
-        const int h = (v + 128) >> 8;  // arithmetic: floor((v + 128) / 256)
-        hi[c] = static_cast<int8_t>(h);
-        lo[c] = static_cast<int8_t>(v - 256 * h);
-      }
-      s.scale[row * a.n_blocks + b] = scale;
-      s.qsum[row * a.n_blocks + b] = static_cast<float>(sum);
+    const int16_t* q = s.q.data() + row * w.cols;
+    for (int64_t c = 0; c < w.cols; ++c) {
+      const int h = (q[c] + 128) >> 8;  // arithmetic: floor((v + 128) / 256)
+      hi[c] = static_cast<int8_t>(h);
+      lo[c] = static_cast<int8_t>(q[c] - 256 * h);
     }
     const int64_t tile = row / tile_rows, t = row % tile_rows;
     for (int64_t r = 0; r < words_per_row; ++r) {
@@ -479,16 +610,35 @@ detail::PackedActs pack_activations(const float* x, int64_t n_rows, const ref::G
   return a;
 }
 
-void float_gemv(const float* x, const ref::GptqMatrix& w, float* y) {
-  thread_local std::vector<float> group_sums;
-  group_sums.assign(w.n_groups(), 0.0f);
-  for (int64_t c = 0; c < w.cols; ++c) group_sums[c / w.group_size] += x[c];
-  const int64_t lanes = static_cast<int64_t>(HWY_DYNAMIC_DISPATCH(VectorLanes)());
-  const int64_t blocks = (w.rows + lanes - 1) / lanes;
-  const float* sums = group_sums.data();  // a thread_local: the workers must not name it (they'd see their own)
-  ThreadPool::global().parallel_for(blocks, [&](int64_t b, int64_t e) {
-    HWY_DYNAMIC_DISPATCH(FloatGemv)(x, w, sums, b * lanes, std::min(w.rows, e * lanes), y);
-  });
+inline int32_t pair16(int16_t low, int16_t high) {
+  return static_cast<int32_t>(static_cast<uint16_t>(low) | static_cast<uint32_t>(static_cast<uint16_t>(high)) << 16);
+}
+
+detail::PairedActs pair_activations(const float* x, int64_t n_rows, const ref::GptqMatrix& w, Scratch& s) {
+  detail::PairedActs a;
+  a.rows = n_rows;
+  a.cols = w.cols;
+  a.block = activation_block(w);
+  a.n_blocks = w.cols / a.block;
+  quantize_activations(x, n_rows, w.cols, a.block, s);
+  s.words.resize(n_rows * w.cols / 2);
+  const int per_word = 32 / w.bits;
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const int16_t* q = s.q.data() + row * w.cols;
+    int32_t* dst = s.words.data() + row * w.cols / 2;
+    for (int64_t c = 0; c < w.cols; c += per_word) {
+      if (w.bits == 4) {
+        for (int j = 0; j < 4; ++j) *dst++ = pair16(q[c + j], q[c + j + 4]);
+      } else {
+        for (int j = 0; j < 2; ++j) *dst++ = pair16(q[c + j], q[c + j + 2]);
+      }
+    }
+  }
+  a.pairs = s.words.data();
+  a.scale = s.scale.data();
+  a.qsum = s.qsum.data();
+  a.q = s.q.data();
+  return a;
 }
 
 // The token generator's GEMV with the input blocks split between the threads, so that each thread streams whole
@@ -540,7 +690,18 @@ bool gptq_matmul_supports(const ref::GptqMatrix& w) {
 
 void gptq_matmul(const float* x, int64_t n_rows, const ref::GptqMatrix& w, float* y) {
   if (!HWY_DYNAMIC_DISPATCH(HasVnni)()) {
-    for (int64_t r = 0; r < n_rows; ++r) float_gemv(x + r * w.cols, w, y + r * w.rows);
+    thread_local Scratch scratch;
+    const detail::PairedActs a = pair_activations(x, n_rows, w, scratch);
+    if (n_rows == 1) {
+      constexpr int64_t kUnit = 64;  // channels per scheduling unit
+      const int64_t units = (w.rows + kUnit - 1) / kUnit;
+      ThreadPool::global().parallel_for(units, [&](int64_t b, int64_t e) {
+        HWY_DYNAMIC_DISPATCH(MaddGemv)(a, w, b * kUnit, std::min(w.rows, e * kUnit), y);
+      });
+    } else {
+      const int64_t panels = (w.rows + detail::kMaddPanel - 1) / detail::kMaddPanel;
+      ThreadPool::global().parallel_for(panels, [&](int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(MaddGemm)(a, w, b, e, y); });
+    }
     return;
   }
   thread_local Scratch scratch;
@@ -593,7 +754,7 @@ const char* best_target_name() {
 
 const char* gptq_matmul_variant() {
   return HWY_DYNAMIC_DISPATCH(HasVnni)() ? "AVX-512 VNNI, int16 activations (VPDPBUSD on split bytes)"
-                                         : "float32 FMA (Highway)";
+                                         : "int16 activations (VPMADDWD-style pair products, Highway)";
 }
 
 }  // namespace petrel::cpu

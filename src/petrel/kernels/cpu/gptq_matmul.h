@@ -20,8 +20,12 @@
 //    streams), 64 channels per step, accumulating into y.  GEMM: panels of 128 channels per task; for each tile
 //    of 6 rows, 32 channels x 6 rows of int32 accumulators (24 zmm) live across a block; the panel's weights
 //    stay in L2 across the tiles.
-//  * Every other target: float32 activations, codes converted to float and FMA'd (the GEMV below applied row by
-//    row for several rows).
+//  * Every other target (AVX2, AVX-512 without VNNI, SSE4, NEON): the same int16 activations in pairs, and
+//    ReorderWidenMulAccumulate (VPMADDWD on x86: int16 x int16 -> int32, two products a lane) on pairs of codes
+//    unpacked with one shift and one mask each ((w >> 4j) & 0x000F000F: codes j and j + 4 of a 4-bit word);
+//    same per-block formula. GEMV: 2 vectors of channels x up to 16 word rows per sweep (16 sequential
+//    streams); GEMM: panels of 64 channels copied contiguous (in place, their word rows lie a multiple of 4 KiB
+//    apart and share cache sets), tiles of 4 rows x 2 vectors. Details in gptq_matmul.cc.
 //
 // Preconditions (gptq_matmul_supports): bits 4 or 8, no act-order g_idx, in-features a multiple of
 // gcd(group size, 128) and of the codes per word. Tested against ref::matmul(GptqMatrix) on every compiled
