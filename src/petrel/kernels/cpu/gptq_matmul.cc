@@ -64,6 +64,24 @@ struct PairedActs {
   int64_t rows = 0, cols = 0, n_blocks = 0, block = 0;
 };
 
+// y[row, o] for channels past the last whole vector, from the same int16 codes as the vector paths (PackedActs
+// or PairedActs): the same integers, the same fold.
+template <typename Acts>
+void ScalarChannels(const Acts& a, const ref::GptqMatrix& w, int64_t row, int64_t o_begin, int64_t o_end, float* y_row) {
+  const int16_t* q = a.q + row * a.cols;
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    float sum = 0;
+    for (int64_t b = 0; b < a.n_blocks; ++b) {
+      const int64_t c0 = b * a.block, g = c0 / w.group_size;
+      int32_t dot = 0;
+      for (int64_t c = c0; c < c0 + a.block; ++c) dot += w.code(o, c) * q[c];
+      sum += w.scale(g, o) * a.scale[row * a.n_blocks + b] *
+             (static_cast<float>(dot) - static_cast<float>(w.zero(g, o)) * a.qsum[row * a.n_blocks + b]);
+    }
+    y_row[o] = sum;
+  }
+}
+
 }  // namespace petrel::cpu::detail
 #endif  // PETREL_GPTQ_MATMUL_SHARED
 
@@ -182,23 +200,10 @@ void MaddTile(const PairedActs& a, const ref::GptqMatrix& w, const int32_t* word
 
 #endif  // HWY_TARGET != HWY_SCALAR
 
-// The same for channels past the last whole vector, one at a time from the int16 codes (same integers, same fold).
+// Channels past the last whole vector, one at a time (detail::ScalarChannels).
 void MaddTail(const PairedActs& a, const ref::GptqMatrix& w, int64_t row0, int64_t n_rows, int64_t o_begin,
               int64_t o_end, float* y) {
-  for (int64_t row = row0; row < row0 + n_rows; ++row) {
-    const int16_t* q = a.q + row * a.cols;
-    for (int64_t o = o_begin; o < o_end; ++o) {
-      float sum = 0;
-      for (int64_t b = 0; b < a.n_blocks; ++b) {
-        const int64_t c0 = b * a.block, g = c0 / w.group_size;
-        int32_t dot = 0;
-        for (int64_t c = c0; c < c0 + a.block; ++c) dot += w.code(o, c) * q[c];
-        sum += w.scale(g, o) * a.scale[row * a.n_blocks + b] *
-               (static_cast<float>(dot) - static_cast<float>(w.zero(g, o)) * a.qsum[row * a.n_blocks + b]);
-      }
-      y[row * w.rows + o] = sum;
-    }
-  }
+  for (int64_t row = row0; row < row0 + n_rows; ++row) detail::ScalarChannels(a, w, row, o_begin, o_end, y + row * w.rows);
 }
 
 // Channels [o_begin, o_end) of rows [row0, row0 + n_rows): tiles of kRows rows, kVecs vectors, then one vector,
@@ -253,28 +258,6 @@ void MaddGemm(const PairedActs& a, const ref::GptqMatrix& w, int64_t p_begin, in
 #pragma GCC target("avx512vnni")  // Highway's AVX3_DL target string names only the VEX form (avxvnni)
 
 bool HasVnni() { return true; }
-
-// Scalar dot of channel o with one row of codes q over the block [c_begin, c_end): the tail channels.
-inline int32_t ScalarBlockDot(const ref::GptqMatrix& w, const int16_t* q, int64_t o, int64_t c_begin, int64_t c_end) {
-  int32_t dot = 0;
-  for (int64_t c = c_begin; c < c_end; ++c) dot += w.code(o, c) * q[c];
-  return dot;
-}
-
-// y[row, o] for channels past the last whole vector, from the same int16 codes as the vector path.
-inline void ScalarChannels(const PackedActs& a, const ref::GptqMatrix& w, int64_t row, int64_t o_begin, int64_t o_end,
-                           float* y_row) {
-  for (int64_t o = o_begin; o < o_end; ++o) {
-    float sum = 0;
-    for (int64_t b = 0; b < a.n_blocks; ++b) {
-      const int64_t c0 = b * a.block, g = c0 / w.group_size;
-      const int32_t dot = ScalarBlockDot(w, a.q + row * a.cols, o, c0, c0 + a.block);
-      sum += w.scale(g, o) * a.scale[row * a.n_blocks + b] *
-             (static_cast<float>(dot) - static_cast<float>(w.zero(g, o)) * a.qsum[row * a.n_blocks + b]);
-    }
-    y_row[o] = sum;
-  }
-}
 
 // Scales and zero points of the 16 channels [o, o + 16) of group g, as float.
 inline __m512 Scales16(const ref::GptqMatrix& w, int64_t g, int64_t o) {
@@ -378,7 +361,7 @@ void VnniGemvRange(const PackedActs& a, const ref::GptqMatrix& w, int64_t o_begi
       for (; o < vec_end; o += 16) GemvStep<kBits, 1>(a, w, o, r0, r1, b, first, y);
     }
   }
-  if (b_begin == 0 && b_end == a.n_blocks) ScalarChannels(a, w, 0, vec_end, o_end, y);
+  if (b_begin == 0 && b_end == a.n_blocks) detail::ScalarChannels(a, w, 0, vec_end, o_end, y);
 }
 
 // Channels [o_begin, o_end) over input blocks [b_begin, b_end), written (not added) to y.
@@ -492,7 +475,7 @@ void VnniGemmPanels(const PackedActs& a, const ref::GptqMatrix& w, int64_t p_beg
       }
     }
   }
-  for (int64_t row = 0; row < a.rows; ++row) ScalarChannels(a, w, row, vec_end, o_end, y + row * w.rows);
+  for (int64_t row = 0; row < a.rows; ++row) detail::ScalarChannels(a, w, row, vec_end, o_end, y + row * w.rows);
 }
 
 void VnniGemm(const PackedActs& a, const ref::GptqMatrix& w, int64_t p_begin, int64_t p_end, float* y) {
