@@ -149,10 +149,12 @@ void MaddTile(const PairedActs& a, const ref::GptqMatrix& w, const int32_t* word
   for (int r = 0; r < kRows; ++r) {  // rows past n_rows repeat the last (computed, not stored)
     pairs[r] = a.pairs + (row0 + std::min<int64_t>(r, n_rows - 1)) * (a.cols / 2);
   }
-  for (int64_t b = 0; b < a.n_blocks; ++b)
-  for (int64_t k0 = b * words_per_block; k0 < (b + 1) * words_per_block; k0 += kMaxStreams) {
-    const int64_t k1 = std::min((b + 1) * words_per_block, k0 + kMaxStreams), g = b * a.block / w.group_size;
-    const bool first = k0 == b * words_per_block;  // the zero-point term once per block
+  const int64_t sweeps_per_block = (words_per_block + kMaxStreams - 1) / kMaxStreams;
+  for (int64_t sweep = 0; sweep < a.n_blocks * sweeps_per_block; ++sweep) {
+    const int64_t b = sweep / sweeps_per_block, g = b * a.block / w.group_size;
+    const int64_t k0 = b * words_per_block + sweep % sweeps_per_block * kMaxStreams;
+    const int64_t k1 = std::min((b + 1) * words_per_block, k0 + kMaxStreams);
+    const bool first = sweep % sweeps_per_block == 0;  // the zero-point term once per block
     for (int64_t o = o_begin; o < o_end; o += kVecs * lanes) {
       VI acc[kRows][kVecs], acc1[kRows][kVecs];
       #pragma GCC unroll 16
