@@ -71,9 +71,10 @@ fi
 
 # 4. HF -> GGUF f16 (lazy: tensors are streamed, RAM stays a few GB), then f16 -> Q4_0 and Q4_K_M.
 #    The f16 file (~16 GB) is deleted once both quantized files exist.
-F16="$WORK/llama8b-f16.gguf"
-Q40="$WORK/llama8b-Q4_0.gguf"
-Q4KM="$WORK/llama8b-Q4_K_M.gguf"
+NAME="$(basename "$HF_DIR")"  # the GGUF files are named after the checkpoint's directory
+F16="$WORK/$NAME-f16.gguf"
+Q40="$WORK/$NAME-Q4_0.gguf"
+Q4KM="$WORK/$NAME-Q4_K_M.gguf"
 if { [ ! -f "$Q40" ] || [ ! -f "$Q4KM" ]; } && [ ! -f "$F16" ]; then
   stamp "convert to f16 GGUF"
   locked "$VENV/bin/python" "$SRC/convert_hf_to_gguf.py" "$HF_DIR" --outtype f16 --outfile "$F16.tmp"
