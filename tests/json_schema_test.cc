@@ -9,6 +9,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -261,6 +262,43 @@ TEST(JsonSchema, StringsKeepToMinLengthAndMaxLength) {
   }
 }
 
+// minimum / maximum / exclusive bounds of integers: random integers written by nlohmann::json accepted exactly when
+// in bounds, and a digit no integer in bounds can begin with refused where it comes.
+TEST(JsonSchema, IntegersKeepToTheirBounds) {
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": -5, "maximum": 120},
+          "x": {"type": ["integer", "null"], "exclusiveMinimum": 0, "exclusiveMaximum": 10}, "big": {"type": "integer", "minimum": 1000},
+          "old": {"type": "integer", "minimum": 2.5, "exclusiveMaximum": true, "maximum": 4}, "f": {"type": "number", "minimum": 0}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int64_t v = trial < 400 ? trial - 200 : static_cast<int64_t>(rng() % 4001) - 2000;
+    for (const auto& [key, lo, hi] : {std::tuple<const char*, int64_t, int64_t>{"n", -5, 120}, {"x", 1, 9}, {"big", 1000, INT64_MAX}, {"old", 3, 3}}) {
+      const std::string written = njson{{key, v}}.dump(rng() % 2 ? 1 : -1);
+      EXPECT_EQ(accepts(**schema, written), in(v, lo, hi)) << written;
+    }
+  }
+  for (const char* ok : {R"({"x":null})", R"({"f":-1.5e3})", R"({"big":99999999999999999999})", R"({"n":-0})", R"({"n":0})"}) {
+    EXPECT_TRUE(accepts(**schema, ok)) << ok;
+  }
+  for (const auto& [prefix, next, allowed] : {std::tuple<const char*, char, bool>{R"({"n":-)", '6', false}, {R"({"n":-)", '5', true},
+                                              {R"({"n":1)", '2', true}, {R"({"n":13)", '0', false}, {R"({"n":12)", '0', true},
+                                              {R"({"big":)", '0', false}, {R"({"big":)", '9', true}, {R"({"x":)", '-', false},
+                                              {R"({"n":)", '-', true}, {R"({"n":1)", '.', false}}) {
+    SchemaPrefix state(schema->get());
+    ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
+    EXPECT_EQ(state.feed(static_cast<unsigned char>(next)), allowed) << prefix << next;
+  }
+  for (const auto& [bad, what] : {std::pair<const char*, const char*>{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": "1"}}})", "properties.a.minimum: expected a number"},
+                                  {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}})", "properties.a.minimum: no integer"},
+                                  {R"({"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}}})", "no integer"}}) {
+    auto refused = JsonSchema::compile(njson::parse(bad));
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find(what), std::string::npos) << refused.status().message();
+  }
+}
+
 // The token mask against brute force: at each state, the tokens allowed are exactly those whose bytes the
 // automaton takes from that state (the mask judges most by their first two bytes and lets plain tokens through
 // wholesale inside strings: this checks both shortcuts), on the Llama 3.1 vocabulary.
@@ -291,10 +329,10 @@ TEST(TokenMask, AllowsExactlyTheTokensTheAutomatonTakes) {
   }
   auto schema = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 3},
-          "long": {"type": "string", "maxLength": 70}, "tree": {"$ref": "#"}}})"));
+          "long": {"type": "string", "maxLength": 70}, "tree": {"$ref": "#"}, "n": {"type": "integer", "minimum": -5, "maximum": 120}}})"));
   ASSERT_TRUE(schema.ok()) << schema.status().to_string();
   for (const std::string& prefix : std::vector<std::string>{"{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"long\": \"",
-                             "{\"long\": \"" + std::string(10, 'y'), "{\"tree\": {\"tree\": {\"co", "{\"long\": \"\\ud83d"}) {
+                             "{\"long\": \"" + std::string(10, 'y'), "{\"tree\": {\"tree\": {\"co", "{\"long\": \"\\ud83d", "{\"n\": 1", "{\"n\": -", "{\"n\": 12"}) {
     SchemaPrefix state(schema->get());
     ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
     expect_mask_is_brute_force(state, *table, "schema after " + prefix);
@@ -343,7 +381,7 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
   ASSERT_NE(engine, nullptr);
   auto schema = JsonSchema::compile(njson::parse(
       R"({"$defs": {"Name": {"enum": ["Ann", "Bob"]}}, "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"},
-          "age": {"type": "integer"}, "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", null]},
+          "age": {"type": "integer", "minimum": 0, "maximum": 120}, "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", null]},
           "nick": {"type": "string", "minLength": 1, "maxLength": 4},
           "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}}, "required": ["name", "age"]})"));
   ASSERT_TRUE(schema.ok());
@@ -368,7 +406,7 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
     const njson o = njson::parse(result->text, nullptr, false);
     ASSERT_TRUE(o.is_object()) << njson(result->text).dump() << " " << njson(result->tokens).dump();
     EXPECT_TRUE(o.contains("name") && (o["name"] == "Ann" || o["name"] == "Bob")) << result->text;
-    EXPECT_TRUE(o.contains("age") && o["age"].is_number_integer()) << result->text;
+    EXPECT_TRUE(o.contains("age") && o["age"].is_number_integer() && o["age"] >= 0 && o["age"] <= 120) << result->text;
     for (auto it = o.begin(); it != o.end(); ++it) {
       EXPECT_TRUE(it.key() == "name" || it.key() == "age" || it.key() == "ok" || it.key() == "pet" || it.key() == "kids" ||
                   it.key() == "nick") << it.key();

@@ -141,7 +141,7 @@ def main():
 
         # Structured outputs: answers that end satisfy the schema, as the jsonschema package judges them.
         schema = {"$defs": {"Name": {"enum": ["Ann", "Bob"]}},
-                  "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"}, "age": {"type": "integer"},
+                  "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
                                                    "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", None]},
                                                    "nick": {"type": "string", "minLength": 1, "maxLength": 4},
                                                    "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}},

@@ -1,6 +1,7 @@
 #include "petrel/runtime/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "petrel/runtime/token_mask.h"
 
@@ -30,6 +31,30 @@ Result<uint8_t> type_bit(const njson& name, const std::string& where) {
 Result<std::string> literal_text(const njson& v, const std::string& where) {
   if (v.is_object() || v.is_array()) return invalid_argument(where + ": enum and const values must be strings, numbers, booleans or null");
   return v.dump();
+}
+
+// An integer schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; draft 4's boolean
+// exclusiveMinimum/Maximum too) as inclusive integer bounds.
+Status integer_bounds(const njson& part, const std::string& where, int64_t& lo, int64_t& hi) {
+  constexpr double kLimit = 9.2e18;  // inside int64: bounds beyond it change nothing
+  const auto number = [&](const char* key, double& v) -> Result<bool> {
+    if (!part.contains(key) || part[key].is_boolean()) return false;
+    if (!part[key].is_number()) return invalid_argument(where + key + ": expected a number");
+    v = std::clamp(part[key].get<double>(), -kLimit, kLimit);
+    return true;
+  };
+  const auto flag = [&](const char* key) { return part.contains(key) && part[key].is_boolean() && part[key].get<bool>(); };
+  double v = 0;
+  PETREL_ASSIGN_OR_RETURN(bool has_min, number("minimum", v));
+  if (has_min) lo = std::max(lo, static_cast<int64_t>(flag("exclusiveMinimum") ? std::floor(v) + 1 : std::ceil(v)));
+  PETREL_ASSIGN_OR_RETURN(bool has_max, number("maximum", v));
+  if (has_max) hi = std::min(hi, static_cast<int64_t>(flag("exclusiveMaximum") ? std::ceil(v) - 1 : std::floor(v)));
+  PETREL_ASSIGN_OR_RETURN(bool has_xmin, number("exclusiveMinimum", v));
+  if (has_xmin) lo = std::max(lo, static_cast<int64_t>(std::floor(v) + 1));
+  PETREL_ASSIGN_OR_RETURN(bool has_xmax, number("exclusiveMaximum", v));
+  if (has_xmax) hi = std::min(hi, static_cast<int64_t>(std::ceil(v) - 1));
+  if (lo > hi) return invalid_argument(where + "minimum: no integer lies between the bounds");
+  return ok_status();
 }
 
 }  // namespace
@@ -101,6 +126,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   const njson* object_part = nullptr;
   const njson* array_part = nullptr;
   const njson* string_part = nullptr;
+  const njson* integer_part = nullptr;
   for (const njson* part : parts) {
     uint8_t types = 0;
     if (part->is_object() && part->contains("type")) {
@@ -123,6 +149,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     if (types & kObject) object_part = part;
     if (types & kArray) array_part = part;
     if (types & kString) string_part = part;
+    if (types & kInteger) integer_part = part;
   }
   // minItems/maxItems, minLength/maxLength: non-negative integer bounds, the lower at most the upper.
   const auto bounds = [&](const njson* part, const char* low, const char* high, uint32_t& lo, uint32_t& hi) -> Status {
@@ -139,6 +166,9 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     return Status::ok_status();
   };
   if (node.types & kString) PETREL_RETURN_IF_ERROR(bounds(string_part, "minLength", "maxLength", node.min_length, node.max_length));
+  if ((node.types & (kNumber | kInteger)) == kInteger && integer_part && integer_part->is_object()) {
+    PETREL_RETURN_IF_ERROR(integer_bounds(*integer_part, where, node.min_int, node.max_int));
+  }
   if ((node.types & kObject) && object_part) {
     const njson& o = *object_part;
     if (o.is_object() && o.contains("properties")) {
@@ -221,7 +251,7 @@ bool SchemaPrefix::value_done() {
 
 bool SchemaPrefix::start_value(unsigned char c) {
   if (pending_node_ < 0) {  // array items with no schema: any value
-    integer_only_ = false;
+    integer_only_ = int_bounded_ = false;
     length_ = min_length_ = 0;
     max_length_ = UINT32_MAX;
     free_ = JsonPrefix::any_value();
@@ -262,6 +292,16 @@ bool SchemaPrefix::start_value(unsigned char c) {
   else return false;
   if (!(node.types & need)) return false;
   integer_only_ = (node.types & (JsonSchema::kNumber | JsonSchema::kInteger)) == JsonSchema::kInteger;
+  int_bounded_ = integer_only_ && need == JsonSchema::kInteger && (node.min_int != INT64_MIN || node.max_int != INT64_MAX);
+  if (int_bounded_) {
+    min_int_ = node.min_int;
+    max_int_ = node.max_int;
+    negative_ = c == '-';
+    digits_ = 0;
+    magnitude_ = 0;
+    if (!negative_ && !take_digit(c)) return false;
+    if (negative_ && !int_reachable()) return false;
+  }
   length_ = 0;
   min_length_ = c == '"' ? node.min_length : 0;
   max_length_ = c == '"' ? node.max_length : UINT32_MAX;
@@ -276,6 +316,10 @@ bool SchemaPrefix::step(unsigned char c) {
   if (done_) return false;
   if (value_ == Value::kScalar) {
     if (integer_only_ && free_.in_number() && (c == '.' || c == 'e' || c == 'E')) return false;
+    if (int_bounded_ && free_.in_number()) {  // feed() restores the state when this refuses the byte
+      if (c >= '0' && c <= '9') return take_digit(c) && free_.feed(c);
+      if (!int_in_bounds()) return false;  // any other byte ends the number (or is refused below)
+    }
     // A string's length: a byte other than the closing quote at a character boundary begins a character.
     const bool boundary = free_.in_plain_string();
     if (boundary && c == '"' && length_ < min_length_) return false;
@@ -408,6 +452,43 @@ bool SchemaPrefix::step(unsigned char c) {
     }
     default: return false;
   }
+}
+
+namespace {
+constexpr __int128 kHuge = static_cast<__int128>(1) << 100;  // a magnitude past every int64 bound
+// The bounds with the int64 extremes as "none" (JSON integers have no size limit).
+__int128 lower(int64_t min_int) { return min_int == INT64_MIN ? -2 * kHuge : min_int; }
+__int128 upper(int64_t max_int) { return max_int == INT64_MAX ? 2 * kHuge : max_int; }
+}  // namespace
+
+bool SchemaPrefix::take_digit(unsigned char c) {
+  magnitude_ = std::min<__int128>(kHuge, magnitude_ * 10 + (c - '0'));
+  ++digits_;
+  return int_reachable();
+}
+
+bool SchemaPrefix::int_in_bounds() const {
+  const __int128 v = negative_ ? -magnitude_ : magnitude_;
+  return digits_ > 0 && v >= lower(min_int_) && v <= upper(max_int_);
+}
+
+bool SchemaPrefix::int_reachable() const {
+  // With k more digits the magnitude lies in [m * 10^k, (m + 1) * 10^k - 1]; a leading 0 takes no more digits,
+  // a lone '-' at least one.
+  const bool ends_here = digits_ > 0, grows = !(digits_ == 1 && magnitude_ == 0);
+  __int128 low = magnitude_, span = 1;
+  for (int k = ends_here ? 0 : 1; k <= 20; ++k) {
+    if (k > 0) {
+      if (!grows) break;
+      low = std::min(kHuge, low * 10);
+      span *= 10;
+    }
+    const __int128 high = low + span - 1;
+    const __int128 v_lo = negative_ ? -high : low, v_hi = negative_ ? -low : high;
+    if (v_hi >= lower(min_int_) && v_lo <= upper(max_int_)) return true;
+    if (low >= kHuge) break;
+  }
+  return false;
 }
 
 bool SchemaPrefix::feed(unsigned char c) { return feed_byte_restoring(*this, c); }

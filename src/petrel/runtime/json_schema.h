@@ -13,11 +13,13 @@
 //    max_tokens where the schema bounds them);
 //  - string: "minLength", "maxLength" (in characters: code points, an escape one character, a surrogate pair's
 //    two escapes one);
+//  - integer: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (a digit that no integer in range can
+//    begin with is refused where it comes; not for "number", whose fractions and exponents are left free);
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
 //  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union;
 //  - "$ref" to any place of the same document ("#", "#/$defs/Name", "#/definitions/Name": what pydantic and
 //    zod write), recursive ones included; "allOf" of one schema (pydantic v1's wrapper of a $ref) as that schema.
-// Anything else that constrains (allOf of several, not, pattern, format, minimum, ...) is not enforced: the value
+// Anything else that constrains (allOf of several, not, pattern, format, multipleOf, ...) is not enforced: the value
 // is only checked to be valid JSON of the allowed types. Keys come out in any order, each at most once, and an
 // object closes only when its required keys are there. The root must be an object. A recursive schema's values
 // nest at most SchemaPrefix::kMaxDepth deep: past that, only a branch that is not an object or array is taken.
@@ -52,6 +54,7 @@ class JsonSchema {
     int32_t items = -1;                     // array: the items' schema, -1 any
     uint32_t min_items = 0, max_items = UINT32_MAX;  // array: minItems, maxItems
     uint32_t min_length = 0, max_length = UINT32_MAX;  // string: minLength, maxLength
+    int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integer: the bounds, inclusive
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
   };
 
@@ -127,6 +130,14 @@ class SchemaPrefix {
   bool integer_only_ = false;
   uint32_t length_ = 0;                                // a string value: its characters so far
   uint32_t min_length_ = 0, max_length_ = UINT32_MAX;  // and its bounds (none for other values)
+  // A bounded integer value: its sign and digits so far (the magnitude saturating far above any int64).
+  bool int_bounded_ = false, negative_ = false;
+  uint8_t digits_ = 0;
+  __int128 magnitude_ = 0;
+  int64_t min_int_ = INT64_MIN, max_int_ = INT64_MAX;
+  bool int_reachable() const;  // some integer beginning this way (or this one) is within the bounds
+  bool int_in_bounds() const;  // the integer as written is
+  bool take_digit(unsigned char c);
 };
 
 extern template class AutomatonConstraint<SchemaPrefix>;  // json_schema.cc
