@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <functional>
 #include <random>
+#include <regex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -299,6 +301,52 @@ TEST(JsonSchema, IntegersKeepToTheirBounds) {
   }
 }
 
+// "format": date, time, date-time and uuid strings written by snprintf from random fields accepted; malformed ones
+// (a field out of range, a missing part, an escape, lowercase/uppercase where RFC 3339 allows both) judged as the
+// RFC says; other formats left free.
+TEST(JsonSchema, StringFormatsKeepTheirShape) {
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}, "t": {"type": "string", "format": "time"},
+          "dt": {"type": ["string", "null"], "format": "date-time"}, "u": {"type": "string", "format": "uuid"},
+          "e": {"type": "string", "format": "email"}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  std::mt19937 rng(17);
+  char buf[96];
+  for (int trial = 0; trial < 2000; ++trial) {
+    const unsigned y = rng() % 10000, mo = 1 + rng() % 12, d = 1 + rng() % 31, h = rng() % 24, mi = rng() % 60, se = rng() % 61;
+    std::snprintf(buf, sizeof buf, "%04u-%02u-%02u", y, mo, d);
+    const std::string date = buf;
+    std::snprintf(buf, sizeof buf, "%02u:%02u:%02u", h, mi, se);
+    std::string time = buf;
+    if (rng() % 2) time += "." + std::to_string(rng() % 100000);
+    if (rng() % 3 == 0) {
+      time += rng() % 2 ? "Z" : "z";
+    } else {
+      std::snprintf(buf, sizeof buf, "%c%02u:%02u", rng() % 2 ? '+' : '-', static_cast<unsigned>(rng() % 24), static_cast<unsigned>(rng() % 60));
+      time += buf;
+    }
+    std::snprintf(buf, sizeof buf, "%08x-%04x-%04X-%04x-%012llx", static_cast<unsigned>(rng()), static_cast<unsigned>(rng() % 65536),
+                  static_cast<unsigned>(rng() % 65536), static_cast<unsigned>(rng() % 65536), static_cast<unsigned long long>(rng()) << 16);
+    const std::string uuid = buf;
+    const njson o = {{"d", date}, {"t", time}, {"dt", date + (rng() % 2 ? "T" : "t") + time}, {"u", uuid}};
+    ASSERT_TRUE(accepts(**schema, o.dump())) << o.dump();
+  }
+  for (const char* ok : {R"({"dt":null})", R"({"e":"not an email at all"})", R"({"t":"23:59:60Z"})", R"({"d":"0000-01-01"})"}) {
+    EXPECT_TRUE(accepts(**schema, ok)) << ok;
+  }
+  for (const char* bad : {R"({"d":"2024-13-01"})", R"({"d":"2024-00-10"})", R"({"d":"2024-02-32"})", R"({"d":"2024-2-03"})",
+                          R"({"d":"2024-02-03T"})", R"({"d":"24-02-03"})", R"({"t":"24:00:00Z"})", R"({"t":"12:60:00Z"})",
+                          R"({"t":"12:00:61Z"})", R"({"t":"12:00:00"})", R"({"t":"12:00:00.Z"})", R"({"t":"12:00:00+1:00"})",
+                          R"({"dt":"2024-02-03 12:00:00Z"})", R"({"u":"123e4567-e89b-12d3-a456-42661417400"})",
+                          R"({"u":"123e4567-e89b-12d3-a456-4266141740000"})", R"({"u":"g23e4567-e89b-12d3-a456-426614174000"})",
+                          R"({"d":"2024\u002d02-03"})", R"({"d":""})"}) {
+    EXPECT_FALSE(accepts(**schema, bad)) << bad;
+  }
+  auto refused = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {"a": {"type": "string", "format": 3}}})"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("properties.a.format: expected a string"), std::string::npos) << refused.status().message();
+}
+
 // The token mask against brute force: at each state, the tokens allowed are exactly those whose bytes the
 // automaton takes from that state (the mask judges most by their first two bytes and lets plain tokens through
 // wholesale inside strings: this checks both shortcuts), on the Llama 3.1 vocabulary.
@@ -329,10 +377,11 @@ TEST(TokenMask, AllowsExactlyTheTokensTheAutomatonTakes) {
   }
   auto schema = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 3},
-          "long": {"type": "string", "maxLength": 70}, "tree": {"$ref": "#"}, "n": {"type": "integer", "minimum": -5, "maximum": 120}}})"));
+          "long": {"type": "string", "maxLength": 70}, "tree": {"$ref": "#"}, "n": {"type": "integer", "minimum": -5, "maximum": 120},
+          "when": {"type": "string", "format": "date-time"}}})"));
   ASSERT_TRUE(schema.ok()) << schema.status().to_string();
   for (const std::string& prefix : std::vector<std::string>{"{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"long\": \"",
-                             "{\"long\": \"" + std::string(10, 'y'), "{\"tree\": {\"tree\": {\"co", "{\"long\": \"\\ud83d", "{\"n\": 1", "{\"n\": -", "{\"n\": 12"}) {
+                             "{\"long\": \"" + std::string(10, 'y'), "{\"tree\": {\"tree\": {\"co", "{\"long\": \"\\ud83d", "{\"n\": 1", "{\"n\": -", "{\"n\": 12", "{\"when\": \"2024-0", "{\"when\": \"2024-02-03T12:00:00"}) {
     SchemaPrefix state(schema->get());
     ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
     expect_mask_is_brute_force(state, *table, "schema after " + prefix);
@@ -382,8 +431,8 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
   auto schema = JsonSchema::compile(njson::parse(
       R"({"$defs": {"Name": {"enum": ["Ann", "Bob"]}}, "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"},
           "age": {"type": "integer", "minimum": 0, "maximum": 120}, "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", null]},
-          "nick": {"type": "string", "minLength": 1, "maxLength": 4},
-          "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}}, "required": ["name", "age"]})"));
+          "nick": {"type": "string", "minLength": 1, "maxLength": 4}, "born": {"type": "string", "format": "date"},
+          "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}}, "required": ["name", "age", "born"]})"));
   ASSERT_TRUE(schema.ok());
   auto table = JsonTokenTable::build(*engine->tokenizer(), static_cast<int32_t>(engine->model().config().vocab_size));
   int finished = 0;
@@ -409,8 +458,11 @@ TEST(JsonSchemaConstraint, SampledAnswersFollowTheSchema) {
     EXPECT_TRUE(o.contains("age") && o["age"].is_number_integer() && o["age"] >= 0 && o["age"] <= 120) << result->text;
     for (auto it = o.begin(); it != o.end(); ++it) {
       EXPECT_TRUE(it.key() == "name" || it.key() == "age" || it.key() == "ok" || it.key() == "pet" || it.key() == "kids" ||
-                  it.key() == "nick") << it.key();
+                  it.key() == "nick" || it.key() == "born") << it.key();
     }
+    // RFC 3339's full-date, as a regular expression (std::regex, not the automaton's code).
+    static const std::regex kDate(R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))");
+    EXPECT_TRUE(o.contains("born") && o["born"].is_string() && std::regex_match(o["born"].get<std::string>(), kDate)) << result->text;
     if (o.contains("nick")) {
       EXPECT_TRUE(o["nick"].is_string()) << result->text;
       const size_t n = code_points(o["nick"].get<std::string>());

@@ -57,6 +57,88 @@ Status integer_bounds(const njson& part, const std::string& where, int64_t& lo, 
   return ok_status();
 }
 
+// String formats as sequences of items (a string's content must match one item after the other, whole).
+enum StringFormat : uint8_t { kNoFormat, kDate, kTime, kDateTime, kUuid };
+struct FormatItem {
+  enum Kind : uint8_t { kLiteral, kDigits, kHex, kField, kFractionOrZone, kEnd } kind;
+  char a = 0, b = 0;     // kLiteral: one of these bytes
+  uint8_t count = 0;     // kDigits, kHex: how many
+  uint8_t lo = 0, hi = 0;  // kField: two digits in [lo, hi]
+};
+constexpr FormatItem lit(char a, char b = 0) { return {FormatItem::kLiteral, a, b ? b : a, 0, 0, 0}; }
+constexpr FormatItem digits(uint8_t n) { return {FormatItem::kDigits, 0, 0, n, 0, 0}; }
+constexpr FormatItem hex(uint8_t n) { return {FormatItem::kHex, 0, 0, n, 0, 0}; }
+constexpr FormatItem field(uint8_t lo, uint8_t hi) { return {FormatItem::kField, 0, 0, 0, lo, hi}; }
+constexpr FormatItem kFracOrZone = {FormatItem::kFractionOrZone, 0, 0, 0, 0, 0};
+constexpr FormatItem kEndItem = {FormatItem::kEnd, 0, 0, 0, 0, 0};
+// RFC 3339: full-date, full-time (seconds up to 60, optional fraction, Z or an offset), date "T" time; uuid 8-4-4-4-12.
+constexpr FormatItem kDateItems[] = {digits(4), lit('-'), field(1, 12), lit('-'), field(1, 31), kEndItem};
+constexpr FormatItem kTimeItems[] = {field(0, 23), lit(':'), field(0, 59), lit(':'), field(0, 60), kFracOrZone,
+                                     field(0, 23), lit(':'), field(0, 59), kEndItem};
+constexpr FormatItem kDateTimeItems[] = {digits(4),    lit('-'),    field(1, 12), lit('-'),    field(1, 31), lit('T', 't'),
+                                         field(0, 23), lit(':'),    field(0, 59), lit(':'),    field(0, 60), kFracOrZone,
+                                         field(0, 23), lit(':'),    field(0, 59), kEndItem};
+constexpr FormatItem kUuidItems[] = {hex(8), lit('-'), hex(4), lit('-'), hex(4), lit('-'), hex(4), lit('-'), hex(12), kEndItem};
+
+const FormatItem* format_items(uint8_t format) {
+  switch (format) {
+    case kDate: return kDateItems;
+    case kTime: return kTimeItems;
+    case kDateTime: return kDateTimeItems;
+    case kUuid: return kUuidItems;
+    default: return nullptr;
+  }
+}
+
+bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+// Steps a format's shape by one byte of the string's content: item, count within it (kFractionOrZone: 0 before
+// anything, 1 after '.', 2 after a fraction digit), the previous digit of a field. False when the byte does not fit.
+bool format_step(uint8_t format, uint8_t& item, uint8_t& count, uint8_t& prev, unsigned char c) {
+  const FormatItem* items = format_items(format);
+  const FormatItem& it = items[item];
+  const auto next = [&] { ++item; count = 0; return true; };
+  switch (it.kind) {
+    case FormatItem::kLiteral:
+      return (c == static_cast<unsigned char>(it.a) || c == static_cast<unsigned char>(it.b)) && next();
+    case FormatItem::kDigits:
+    case FormatItem::kHex: {
+      const bool ok = is_digit(c) || (it.kind == FormatItem::kHex && ((c | 32) >= 'a' && (c | 32) <= 'f'));
+      if (!ok) return false;
+      return ++count == it.count ? next() : true;
+    }
+    case FormatItem::kField: {
+      if (!is_digit(c)) return false;
+      const int d = c - '0';
+      if (count == 0) {  // some second digit must bring the field into [lo, hi]
+        if (10 * d + 9 < it.lo || 10 * d > it.hi) return false;
+        prev = static_cast<uint8_t>(d);
+        count = 1;
+        return true;
+      }
+      const int v = 10 * prev + d;
+      return v >= it.lo && v <= it.hi && next();
+    }
+    case FormatItem::kFractionOrZone:
+      if (count == 1 || count == 2) {
+        if (is_digit(c)) return count = 2, true;
+        if (count == 1) return false;  // '.' needs a digit
+      } else if (c == '.') {
+        return count = 1, true;
+      }
+      if (c == 'Z' || c == 'z') {
+        while (items[item].kind != FormatItem::kEnd) ++item;
+        count = 0;
+        return true;
+      }
+      return (c == '+' || c == '-') && next();
+    case FormatItem::kEnd: return false;
+  }
+  return false;
+}
+
+bool format_complete(uint8_t format, uint8_t item) { return format_items(format)[item].kind == FormatItem::kEnd; }
+
 }  // namespace
 
 Result<const njson*> JsonSchema::resolve(const njson& schema, const std::string& where) const {
@@ -166,6 +248,12 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     return Status::ok_status();
   };
   if (node.types & kString) PETREL_RETURN_IF_ERROR(bounds(string_part, "minLength", "maxLength", node.min_length, node.max_length));
+  if ((node.types & kString) && string_part && string_part->is_object() && string_part->contains("format")) {
+    const njson& f = (*string_part)["format"];
+    if (!f.is_string()) return invalid_argument(where + "format: expected a string");
+    const std::string name = f.get<std::string>();
+    node.format = name == "date" ? kDate : name == "time" ? kTime : name == "date-time" ? kDateTime : name == "uuid" ? kUuid : kNoFormat;
+  }
   if ((node.types & (kNumber | kInteger)) == kInteger && integer_part && integer_part->is_object()) {
     PETREL_RETURN_IF_ERROR(integer_bounds(*integer_part, where, node.min_int, node.max_int));
   }
@@ -253,6 +341,7 @@ bool SchemaPrefix::start_value(unsigned char c) {
   if (pending_node_ < 0) {  // array items with no schema: any value
     integer_only_ = int_bounded_ = false;
     length_ = min_length_ = 0;
+    format_ = 0;
     max_length_ = UINT32_MAX;
     free_ = JsonPrefix::any_value();
     if (!free_.feed(c)) return false;
@@ -305,6 +394,8 @@ bool SchemaPrefix::start_value(unsigned char c) {
   length_ = 0;
   min_length_ = c == '"' ? node.min_length : 0;
   max_length_ = c == '"' ? node.max_length : UINT32_MAX;
+  format_ = c == '"' ? node.format : 0;
+  format_item_ = format_count_ = format_prev_ = 0;
   free_ = JsonPrefix::any_value();
   if (!free_.feed(c)) return false;
   value_ = Value::kScalar;
@@ -324,6 +415,12 @@ bool SchemaPrefix::step(unsigned char c) {
     const bool boundary = free_.in_plain_string();
     if (boundary && c == '"' && length_ < min_length_) return false;
     if (boundary && c != '"' && length_ >= max_length_) return false;
+    if (format_ != 0 && boundary) {  // the format's shape, byte by byte (a backslash fits none: no escapes)
+      if (c == '"' ? !format_complete(format_, format_item_)
+                   : !format_step(format_, format_item_, format_count_, format_prev_, c)) {
+        return false;
+      }
+    }
     if (free_.feed(c)) {
       if (boundary && c != '"') ++length_;
       return free_.complete() ? value_done() : true;

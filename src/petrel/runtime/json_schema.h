@@ -13,13 +13,15 @@
 //    max_tokens where the schema bounds them);
 //  - string: "minLength", "maxLength" (in characters: code points, an escape one character, a surrogate pair's
 //    two escapes one);
+//  - string "format": "date", "time", "date-time" (RFC 3339: fields in range, not the calendar: Feb 30 passes)
+//    and "uuid", as their exact shapes, without escapes; other formats are not enforced;
 //  - integer: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (a digit that no integer in range can
 //    begin with is refused where it comes; not for "number", whose fractions and exponents are left free);
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
 //  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union;
 //  - "$ref" to any place of the same document ("#", "#/$defs/Name", "#/definitions/Name": what pydantic and
 //    zod write), recursive ones included; "allOf" of one schema (pydantic v1's wrapper of a $ref) as that schema.
-// Anything else that constrains (allOf of several, not, pattern, format, multipleOf, ...) is not enforced: the value
+// Anything else that constrains (allOf of several, not, pattern, other formats, multipleOf, ...) is not enforced: the value
 // is only checked to be valid JSON of the allowed types. Keys come out in any order, each at most once, and an
 // object closes only when its required keys are there. The root must be an object. A recursive schema's values
 // nest at most SchemaPrefix::kMaxDepth deep: past that, only a branch that is not an object or array is taken.
@@ -55,6 +57,7 @@ class JsonSchema {
     uint32_t min_items = 0, max_items = UINT32_MAX;  // array: minItems, maxItems
     uint32_t min_length = 0, max_length = UINT32_MAX;  // string: minLength, maxLength
     int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integer: the bounds, inclusive
+    uint8_t format = 0;                     // string: a StringFormat (json_schema.cc), 0 none
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
   };
 
@@ -88,7 +91,8 @@ class SchemaPrefix {
   bool complete() const { return done_; }
   // In a string value where any plain token may come (none can reach its maxLength).
   bool in_plain_string() const {
-    return value_ == Value::kScalar && free_.in_plain_string() && max_length_ - length_ >= JsonTokenTable::kMaxPlainBytes;
+    return value_ == Value::kScalar && free_.in_plain_string() && max_length_ - length_ >= JsonTokenTable::kMaxPlainBytes &&
+           format_ == 0;
   }
 
  private:
@@ -130,6 +134,8 @@ class SchemaPrefix {
   bool integer_only_ = false;
   uint32_t length_ = 0;                                // a string value: its characters so far
   uint32_t min_length_ = 0, max_length_ = UINT32_MAX;  // and its bounds (none for other values)
+  // A string value with a format: which, and where in its shape (json_schema.cc's format_step).
+  uint8_t format_ = 0, format_item_ = 0, format_count_ = 0, format_prev_ = 0;
   // A bounded integer value: its sign and digits so far (the magnitude saturating far above any int64).
   bool int_bounded_ = false, negative_ = false;
   uint8_t digits_ = 0;
