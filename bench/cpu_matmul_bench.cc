@@ -71,7 +71,10 @@ int main(int argc, char** argv) {
   std::printf("read bandwidth (1 GiB, all threads): %.1f GB/s\n", petrel::measure_read_bandwidth_gbs());
   std::mt19937 rng(1);
   struct Shape { const char* name; int64_t rows, cols; int bits; };
-  const Shape shapes[] = {{"q/o 4096x4096", 4096, 4096, 4}, {"k/v 1024x4096", 1024, 4096, 4},
+  // q/o with 16 and 64 more output channels: the same work with a row stride that is not a multiple of 4 KiB
+  // (GPTQ's layout puts word row k at k * out * 4 bytes; at 4096 a sweep's rows share cache sets).
+  const Shape shapes[] = {{"q/o 4096x4096", 4096, 4096, 4}, {"q/o+16 4112x4096", 4112, 4096, 4},
+                          {"q/o+64 4160x4096", 4160, 4096, 4}, {"k/v 1024x4096", 1024, 4096, 4},
                           {"gate/up 14336x4096", 14336, 4096, 4}, {"down 4096x14336", 4096, 14336, 4},
                           {"lm_head 8-bit 128256x4096", 128256, 4096, 8}};
   std::printf("| matrix | GEMV us | GEMV GB/s | GEMM-128 ms | GEMM GMAC/s |\n|---|---:|---:|---:|---:|\n");
