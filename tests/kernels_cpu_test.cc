@@ -136,6 +136,67 @@ TEST(KernelsCpu, SharedInputMatmulEqualsSeparateCalls) {
   }
 }
 
+// qweight with padded word rows (CPU bundles, GptqMatrix::stride()): the same products, bit for bit, as the
+// dense matrix, on every target, for the GEMV and the GEMM; the padding holds garbage that must not be read.
+TEST(KernelsCpu, GptqMatmulReadsPaddedWordRows) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const Shape& s : {Shape{64, 256, -1, true, 4}, Shape{72, 128, 64, false, 4}, Shape{200, 640, 128, false, 8},
+                           Shape{512, 1024, -1, false, 4}}) {
+      const quant::GptqTensors packed = make_matrix(s, rng);
+      const ref::GptqMatrix dense = packed.view();
+      const int64_t words = s.cols * s.bits / 32;
+      for (int64_t stride : {s.rows + 3, s.rows + 16, cpu::preferred_word_row_stride(s.rows)}) {
+        std::vector<int32_t> padded(words * stride);
+        for (int32_t& v : padded) v = static_cast<int32_t>(rng());
+        for (int64_t k = 0; k < words; ++k) {
+          std::copy_n(dense.qweight + k * s.rows, s.rows, padded.begin() + k * stride);
+        }
+        ref::GptqMatrix m = dense;
+        m.qweight = padded.data();
+        m.word_row_stride = stride;
+        ASSERT_TRUE(cpu::gptq_matmul_supports(m));
+        for (int64_t n_rows : {1, 6}) {
+          std::vector<float> x(n_rows * s.cols);
+          for (float& v : x) v = normal(rng);
+          std::vector<float> want(n_rows * s.rows), got(n_rows * s.rows, -1.0f), ref_dense(n_rows * s.rows),
+              ref_padded(n_rows * s.rows);
+          cpu::gptq_matmul(x.data(), n_rows, dense, want.data());
+          cpu::gptq_matmul(x.data(), n_rows, m, got.data());
+          EXPECT_EQ(got, want) << hwy::TargetName(target) << " rows " << s.rows << " stride " << stride << " n_rows "
+                               << n_rows;
+          ref::matmul(x.data(), n_rows, dense, ref_dense.data());
+          ref::matmul(x.data(), n_rows, m, ref_padded.data());
+          EXPECT_EQ(ref_padded, ref_dense) << "ref, stride " << stride;
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// The export's padding rule: Llama's output sizes (4 KiB multiples) get 64 words, sizes that already spread
+// their 16 streams over the page get none, small matrices are not padded by more than rows / 8.
+TEST(KernelsCpu, PreferredWordRowStride) {
+  EXPECT_EQ(cpu::preferred_word_row_stride(4096), 4160);
+  EXPECT_EQ(cpu::preferred_word_row_stride(14336), 14400);
+  EXPECT_EQ(cpu::preferred_word_row_stride(1024), 1088);
+  EXPECT_EQ(cpu::preferred_word_row_stride(512), 576);
+  EXPECT_EQ(cpu::preferred_word_row_stride(128256), 128320);  // the head: 1 KiB steps put 4 streams per set
+  EXPECT_EQ(cpu::preferred_word_row_stride(4160), 4160);
+  EXPECT_EQ(cpu::preferred_word_row_stride(2752), 2752);
+  EXPECT_EQ(cpu::preferred_word_row_stride(256), 256);  // would need more than 32 words of padding
+  EXPECT_EQ(cpu::preferred_word_row_stride(64), 64);
+  for (int64_t rows = 1; rows < 20000; rows += 37) {
+    const int64_t stride = cpu::preferred_word_row_stride(rows);
+    EXPECT_GE(stride, rows);
+    EXPECT_LE(stride - rows, rows / 8);
+    EXPECT_TRUE(stride == rows || stride % 16 == 0) << rows;
+  }
+}
+
 TEST(KernelsCpu, GptqMatmulRefusesWhatItDoesNotHandle) {
   ref::GptqMatrix m;
   m.bits = 2;

@@ -210,6 +210,20 @@ BundleTensorSpec BundleTensorSpec::plain(std::string name, DType dtype, std::vec
   return spec;
 }
 
+BundleTensorSpec BundleTensorSpec::padded_rows(std::string name, DType dtype, std::vector<int64_t> shape,
+                                               int64_t row_stride) {
+  BundleTensorSpec spec;
+  spec.name = std::move(name);
+  spec.dtype = dtype;
+  spec.num_bytes = shape.size() == 2 && shape[0] >= 0 && row_stride >= 0
+                       ? static_cast<uint64_t>(shape[0]) * static_cast<uint64_t>(row_stride) * dtype_size(dtype)
+                       : 0;
+  spec.shape = std::move(shape);
+  spec.layout = std::string(kPaddedRowsLayout);
+  spec.attrs = nlohmann::json{{"row_stride", row_stride}};
+  return spec;
+}
+
 int64_t BundleTensor::num_elements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -223,6 +237,30 @@ TensorView BundleTensor::view() const {
   v.shape = shape;
   v.data = data;
   v.num_bytes = num_bytes;
+  return v;
+}
+
+Result<TensorView> BundleTensor::padded_rows_view() const {
+  if (is_plain()) return view();
+  const std::string what = "tensor '" + name + "'";
+  if (layout != kPaddedRowsLayout) {
+    return unsupported(what + " has layout '" + layout + "', which this backend does not read");
+  }
+  const auto stride = attrs.find("row_stride");
+  if (shape.size() != 2 || stride == attrs.end() || !stride->is_number_integer()) {
+    return invalid_data(what + ": layout padded_rows needs a 2-D shape and an integer attrs.row_stride");
+  }
+  const int64_t row_stride = stride->get<int64_t>();
+  const unsigned __int128 want = static_cast<unsigned __int128>(shape[0]) * static_cast<uint64_t>(row_stride) *
+                                 dtype_size(dtype);
+  if (row_stride < shape[1] || want != num_bytes) {
+    return invalid_data(what + ": padded_rows " + shape_to_string(shape) + " with row_stride " +
+                        std::to_string(row_stride) + " does not fit its " + std::to_string(num_bytes) +
+                        " bytes (row_stride must be >= " + std::to_string(shape[1]) + ", size = rows x row_stride x " +
+                        std::to_string(dtype_size(dtype)) + ")");
+  }
+  TensorView v = view();
+  v.row_stride = row_stride;
   return v;
 }
 

@@ -45,6 +45,10 @@ inline constexpr uint64_t kBundleChecksumChunkSize = 16ull << 20;
 // must be dtype size x elements. Any other layout string is defined by the backend that reads it; the byte
 // size is then what the writer declared.
 inline constexpr std::string_view kPlainLayout = "plain";
+// A 2-D array of `dtype` with `shape` [R, C] whose rows lie attrs.row_stride (>= C) elements apart, the
+// padding zero: size = dtype size x R x row_stride. `petrel export --backend cpu` writes GPTQ qweight so,
+// at cpu::preferred_word_row_stride (docs/BUNDLE_FORMAT.md).
+inline constexpr std::string_view kPaddedRowsLayout = "padded_rows";
 
 // "part_3_of_5.bin"
 std::string bundle_part_file_name(int part_index, int part_count);
@@ -62,6 +66,8 @@ struct BundleTensorSpec {
 
   // A plain tensor with num_bytes = dtype size x elements.
   static BundleTensorSpec plain(std::string name, DType dtype, std::vector<int64_t> shape);
+  // A 2-D tensor in kPaddedRowsLayout: rows `row_stride` elements apart.
+  static BundleTensorSpec padded_rows(std::string name, DType dtype, std::vector<int64_t> shape, int64_t row_stride);
 };
 
 // Streams one part file. Memory stays bounded (a 4 MiB write buffer) whatever the part size: each tensor's
@@ -129,6 +135,9 @@ struct BundleTensor {
   bool is_plain() const { return layout == kPlainLayout; }
   // A safetensors-style view for code that consumes plain tensors (norms, embeddings).
   TensorView view() const;
+  // The view of a plain or a kPaddedRowsLayout tensor (row_stride set for the latter), after checking the
+  // padded layout's invariants (2-D, row_stride >= columns, size); an error names the tensor otherwise.
+  Result<TensorView> padded_rows_view() const;
 };
 
 // A validated, memory-mapped part. Nothing is handed out before the header, the table and every tensor entry

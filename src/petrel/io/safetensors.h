@@ -28,6 +28,9 @@ struct TensorView {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t num_bytes = 0;
+  // Elements from one row (first index) of a 2-D tensor to the next when its rows are padded (a bundle's
+  // "padded_rows" layout, only from TensorSource::tensor_padded_rows); 0: dense, as safetensors always is.
+  int64_t row_stride = 0;
 
   int64_t num_elements() const;
   int64_t dim(size_t i) const { return shape.at(i); }

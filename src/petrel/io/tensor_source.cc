@@ -33,10 +33,15 @@ class BundleSource final : public TensorSource {
   Result<TensorView> tensor(const std::string& name) const override {
     PETREL_ASSIGN_OR_RETURN(const BundleTensor* t, bundle_->tensor(name));
     if (!t->is_plain()) {
-      return unsupported(describe() + ": tensor '" + name + "' has layout '" + t->layout +
-                         "', which the reference backend does not read");
+      return unsupported(describe() + ": tensor '" + name + "' has layout '" + t->layout + "', where a dense array is read");
     }
     return t->view();
+  }
+  Result<TensorView> tensor_padded_rows(const std::string& name) const override {
+    PETREL_ASSIGN_OR_RETURN(const BundleTensor* t, bundle_->tensor(name));
+    Result<TensorView> view = t->padded_rows_view();
+    if (!view.ok()) return view.status().with_context(describe());
+    return view;
   }
   bool has(const std::string& name) const override { return bundle_->find(name) != nullptr; }
   std::string describe() const override { return bundle_->config().bundle_dir.string(); }

@@ -26,6 +26,9 @@ class TensorSource {
 
   // Like tensor(), and also checks the shape; a mismatch names both shapes.
   Result<TensorView> tensor(const std::string& name, const std::vector<int64_t>& expected_shape) const;
+  // Like tensor(), and also hands out a 2-D tensor whose rows are padded (a CPU bundle's GPTQ qweight, layout
+  // "padded_rows"), with view.row_stride set; for consumers that read such strides (ref::GptqMatrix).
+  virtual Result<TensorView> tensor_padded_rows(const std::string& name) const { return tensor(name); }
 };
 
 std::unique_ptr<TensorSource> make_tensor_source(SafetensorsCheckpoint checkpoint);

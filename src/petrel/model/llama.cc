@@ -43,7 +43,7 @@ Result<TensorView> typed_tensor(const TensorSource& ckpt, const std::string& nam
 Result<LinearWeight> gptq_linear_from(const TensorSource& ckpt, const GptqConfig& q, const std::string& name,
                                       int64_t out_features, int64_t in_features) {
   const std::string where = ckpt.describe() + ": " + name;
-  PETREL_ASSIGN_OR_RETURN(TensorView qweight, ckpt.tensor(name + ".qweight"));
+  PETREL_ASSIGN_OR_RETURN(TensorView qweight, ckpt.tensor_padded_rows(name + ".qweight"));
   if (qweight.dtype != DType::kI32 || qweight.shape.size() != 2 || qweight.shape[1] != out_features ||
       (qweight.shape[0] * 32) % in_features != 0) {
     return invalid_data(where + ".qweight: I32 " + shape_to_string(qweight.shape) + " does not pack [" +
@@ -73,6 +73,7 @@ Result<LinearWeight> gptq_linear_from(const TensorSource& ckpt, const GptqConfig
   w.gptq.group_size = in_features / groups;
   w.gptq.zero_offset = q.zero_offset;
   w.gptq.qweight = static_cast<const int32_t*>(qweight.data);
+  w.gptq.word_row_stride = qweight.row_stride;  // 0 (dense) but in a CPU bundle
   w.gptq.scales = static_cast<const uint16_t*>(scales.data);
   w.gptq.qzeros = static_cast<const int32_t*>(qzeros.data);
   if (ckpt.has(name + ".g_idx")) {

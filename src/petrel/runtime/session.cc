@@ -86,7 +86,7 @@ Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const E
                               : model_path.string() + " was exported for petrel-cuda (dialog.engine.backend.type)";
   const std::string hint = options.backend == Backend::kCuda
                                ? std::string()
-                               : "; to run it on the CPU pass --backend cpu (the bundle layout is the same)";
+                               : "; to run it on the CPU pass --backend cpu (the CPU reads it as it is)";
   if (engine->backend_ == Backend::kCuda && !cuda::built_with_cuda()) {
     return unsupported(why + ", but the CUDA backend is not built (configure with nvcc available and -DPETREL_CUDA=ON)" + hint);
   }

@@ -7,8 +7,8 @@
 //
 // Backends: Engine::load(path, EngineOptions) runs the model on the CPU (LlamaModel, host KV cache) or on a GPU
 // (CudaModel: weights uploaded at load, fp16 KV cache on the device); kAuto takes the bundle's
-// dialog.engine.backend.type, and cpu for a checkpoint. Both read the same bundle layout, so a bundle runs on
-// either. Sessions run through the same decoding loop (continue_generation over a ForwardPass). On cuda one
+// dialog.engine.backend.type, and cpu for a checkpoint. A bundle runs on either (a cpu bundle's padded qweight
+// rows are compacted as they upload to the GPU; docs/BUNDLE_FORMAT.md). Sessions run through the same decoding loop (continue_generation over a ForwardPass). On cuda one
 // Session at a time holds the engine's GPU KV cache; KV save/restore and non-f16 KV caches are refused there.
 //
 // Multi-turn: query() renders the whole conversation and processes only the tokens after the longest prefix

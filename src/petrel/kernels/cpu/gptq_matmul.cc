@@ -6,6 +6,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -116,6 +117,19 @@ using VI = hn::Vec<DI>;
 // (8-bit blocks of 32 word rows are swept in two halves, their partial sums folded one after the other).
 constexpr int64_t kMaxStreams = 16;
 
+// An empty asm that takes v in a register and gives it back, so that the compiler adds a tile's products into
+// its accumulator one by one. Without it GCC 12 sums each word's 4 products per accumulator as a tree first
+// (integer adds reassociate), which keeps 32 products live in the 4 x 2 tile and spilled them to the stack on
+// AVX2 (16 registers): MaddTile<4, 4, 2>'s inner loop had ~40 stack loads and stores a word, now none.
+template <class V>
+HWY_INLINE void KeepInOrder(V& v) {
+#if HWY_ARCH_X86 && defined(__GNUC__) && HWY_TARGET != HWY_EMU128
+  asm("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 // Scales and zero points of the lanes' channels [o, o + lanes) of group g, as float.
 HWY_INLINE hn::Vec<DF> MaddScales(const ref::GptqMatrix& w, int64_t g, int64_t o) {
   const DF df;
@@ -135,7 +149,7 @@ HWY_INLINE hn::Vec<DF> MaddZeros(const ref::GptqMatrix& w, int64_t g, int64_t o)
 
 // y[row0 + r, o .. o_end) for r < n_rows (<= kRows), added into y (the caller zeroes it). Channels in steps of
 // kVecs vectors; o_end - o_begin a multiple of that. Channel o's word k is words[k * stride + o - o_base]: the
-// matrix itself (stride w.rows) or a contiguous copy of a panel's columns.
+// matrix itself (stride w.stride()) or a contiguous copy of a panel's columns.
 template <int kBits, int kRows, int kVecs>
 void MaddTile(const PairedActs& a, const ref::GptqMatrix& w, const int32_t* words_base, int64_t stride,
               int64_t o_base, int64_t row0, int64_t n_rows, int64_t o_begin, int64_t o_end, float* y) {
@@ -178,6 +192,7 @@ void MaddTile(const PairedActs& a, const ref::GptqMatrix& w, const int32_t* word
             #pragma GCC unroll 16
             for (int v = 0; v < kVecs; ++v) {
               acc[r][v] = hn::ReorderWidenMulAccumulate(di, hn::BitCast(d16, codes[v]), x, acc[r][v], acc1[r][v]);
+              if constexpr (kRows > 1) KeepInOrder(acc[r][v]);  // the GEMV's 2 accumulators do not spill
             }
           }
         }
@@ -232,8 +247,8 @@ void MaddRange(const PairedActs& a, const ref::GptqMatrix& w, const int32_t* wor
 // The GEMV (one row) over channels [o_begin, o_end).
 void MaddGemv(const PairedActs& a, const ref::GptqMatrix& w, int64_t o_begin, int64_t o_end, float* y) {
   constexpr int kVecs = 2;
-  if (w.bits == 4) MaddRange<4, 1, kVecs>(a, w, w.qweight, w.rows, 0, 0, 1, o_begin, o_end, y);
-  else MaddRange<8, 1, kVecs>(a, w, w.qweight, w.rows, 0, 0, 1, o_begin, o_end, y);
+  if (w.bits == 4) MaddRange<4, 1, kVecs>(a, w, w.qweight, w.stride(), 0, 0, 1, o_begin, o_end, y);
+  else MaddRange<8, 1, kVecs>(a, w, w.qweight, w.stride(), 0, 0, 1, o_begin, o_end, y);
 }
 
 // The GEMM: all rows, channel panels [p_begin, p_end) of kMaddPanel channels. A panel's columns are copied
@@ -246,7 +261,7 @@ void MaddGemm(const PairedActs& a, const ref::GptqMatrix& w, int64_t p_begin, in
     const int64_t o0 = p * detail::kMaddPanel, o1 = std::min(w.rows, o0 + detail::kMaddPanel), width = o1 - o0;
     strip.resize(static_cast<size_t>(words_per_row * width));
     for (int64_t k = 0; k < words_per_row; ++k) {
-      std::memcpy(strip.data() + k * width, w.qweight + k * w.rows + o0, static_cast<size_t>(width) * sizeof(int32_t));
+      std::memcpy(strip.data() + k * width, w.qweight + k * w.stride() + o0, static_cast<size_t>(width) * sizeof(int32_t));
     }
     if (w.bits == 4) MaddRange<4, 4, 2>(a, w, strip.data(), width, o0, 0, a.rows, o0, o1, y);
     else MaddRange<8, 4, 2>(a, w, strip.data(), width, o0, 0, a.rows, o0, o1, y);
@@ -329,7 +344,7 @@ inline void GemvStep(const PackedActs& a, const ref::GptqMatrix& w, int64_t o, i
   #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) hi[c][0] = hi[c][1] = lo[c][0] = lo[c][1] = _mm512_setzero_si512();
   for (int64_t r = r_begin; r < r_end; ++r) {
-    const int32_t* wrow = w.qweight + r * w.rows + o;
+    const int32_t* wrow = w.qweight + r * w.stride() + o;
     // Software prefetch kPrefetchWords ahead in each row's stream: the streams cross a 4 KiB page every 16
     // steps, where the hardware prefetchers stop and restart.
 #pragma GCC unroll 16
@@ -455,13 +470,13 @@ void VnniGemmPanels(const PackedActs& a, const ref::GptqMatrix& w, int64_t p_beg
     // a row is a new page, which the hardware prefetchers do not follow.
     for (int64_t r = 0; r < words_per_row; ++r) {
       if (r + 16 < words_per_row) {
-        const char* ahead = reinterpret_cast<const char*>(w.qweight + (r + 16) * w.rows + po_begin);
+        const char* ahead = reinterpret_cast<const char*>(w.qweight + (r + 16) * w.stride() + po_begin);
         for (int64_t line = 0; line < (po_end - po_begin) * 4; line += 64) __builtin_prefetch(ahead + line);
       }
       for (int64_t o = po_begin; o < po_end;) {
         const int64_t width = o + 16 * kWide <= po_end ? 16 * kWide : 16;
         int32_t* strip = panel.data() + (o - po_begin) * words_per_row;
-        std::memcpy(strip + r * width, w.qweight + r * w.rows + o, width * sizeof(int32_t));
+        std::memcpy(strip + r * width, w.qweight + r * w.stride() + o, width * sizeof(int32_t));
         o += width;
       }
     }
@@ -670,7 +685,29 @@ bool gptq_matmul_supports(const ref::GptqMatrix& w) {
   if ((w.bits != 4 && w.bits != 8) || w.g_idx != nullptr || w.group_size <= 0) return false;
   const int per_word = 32 / w.bits;
   const int64_t block = activation_block(w);
-  return w.group_size % per_word == 0 && w.cols % per_word == 0 && w.cols % block == 0 && w.rows % per_word == 0;
+  return w.group_size % per_word == 0 && w.cols % per_word == 0 && w.cols % block == 0 && w.rows % per_word == 0 &&
+         w.stride() >= w.rows;
+}
+
+int64_t preferred_word_row_stride(int64_t rows) {
+  // The GEMVs sweep 16 word rows at once. Their start addresses modulo a 4 KiB page decide the L1 sets (and the
+  // DRAM banks) the 16 streams share: with rows * 4 a multiple of 4 KiB they all share one. Accept a stride
+  // whose 16 offsets are at least 256 bytes apart around the page (rows + 64 for the Llama shapes: 4096,
+  // 14336, ...); padding in steps of 16 words keeps word rows 64-byte aligned, and at most rows / 8 of it.
+  constexpr int64_t kStreams = 16, kPage = 4096, kMinGap = 256;
+  const auto spread = [&](int64_t stride) {
+    std::array<int64_t, kStreams> offsets;
+    for (int64_t k = 0; k < kStreams; ++k) offsets[k] = k * stride * 4 % kPage;
+    std::sort(offsets.begin(), offsets.end());
+    int64_t gap = kPage - offsets.back() + offsets.front();
+    for (int64_t k = 1; k < kStreams; ++k) gap = std::min(gap, offsets[k] - offsets[k - 1]);
+    return gap >= kMinGap;
+  };
+  if (rows <= 0 || spread(rows)) return rows;
+  for (int64_t stride = (rows + 15) / 16 * 16; stride - rows <= rows / 8; stride += 16) {
+    if (spread(stride)) return stride;
+  }
+  return rows;
 }
 
 void gptq_matmul(const float* x, int64_t n_rows, const ref::GptqMatrix& w, float* y) {

@@ -24,12 +24,14 @@
 //    ReorderWidenMulAccumulate (VPMADDWD on x86: int16 x int16 -> int32, two products a lane) on pairs of codes
 //    unpacked with one shift and one mask each ((w >> 4j) & 0x000F000F: codes j and j + 4 of a 4-bit word);
 //    same per-block formula. GEMV: 2 vectors of channels x up to 16 word rows per sweep (16 sequential
-//    streams); GEMM: panels of 64 channels copied contiguous (in place, their word rows lie a multiple of 4 KiB
-//    apart and share cache sets), tiles of 4 rows x 2 vectors. Details in gptq_matmul.cc.
+//    streams); GEMM: panels of 64 channels copied contiguous (in place, their word rows may lie a multiple of
+//    4 KiB apart and share cache sets), tiles of 4 rows x 2 vectors whose 8 accumulators stay in registers.
+//    Details in gptq_matmul.cc.
 //
 // Preconditions (gptq_matmul_supports): bits 4 or 8, no act-order g_idx, in-features a multiple of
-// gcd(group size, 128) and of the codes per word. Tested against ref::matmul(GptqMatrix) on every compiled
-// target with random and awkward shapes (tests/kernels_cpu_test.cc).
+// gcd(group size, 128) and of the codes per word; qweight's word rows may be padded (GptqMatrix::stride()).
+// Tested against ref::matmul(GptqMatrix) on every compiled target with random and awkward shapes and strides
+// (tests/kernels_cpu_test.cc).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,12 @@ namespace petrel::cpu {
 
 // True when gptq_matmul handles `w`.
 bool gptq_matmul_supports(const ref::GptqMatrix& w);
+
+// The qweight word-row stride (int32 words, >= rows) at which these kernels read a matrix of `rows` output
+// channels fastest: `petrel export --backend cpu` pads qweight to it (bundle layout "padded_rows"). `rows`
+// itself when no padding of at most rows / 8 helps. AVX2 EPYC, GEMV on 4096 x 4096 4-bit: 15.2 GB/s at stride
+// 4096, 19.6 at 4160 (docs/PERFORMANCE.md, session 24).
+int64_t preferred_word_row_stride(int64_t rows);
 
 // y[n_rows, w.rows] = x[n_rows, w.cols] * dequant(w)^T. Parallel over output channels with the global pool.
 void gptq_matmul(const float* x, int64_t n_rows, const ref::GptqMatrix& w, float* y);

@@ -3,7 +3,9 @@
 #include "petrel/kernels/cuda/gemv_gptq.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <vector>
 
 namespace petrel::cuda {
 
@@ -225,12 +227,23 @@ Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host,
   PETREL_ASSIGN_OR_RETURN(weights.qweight_, DeviceBuffer::allocate(qweight_bytes));
   PETREL_ASSIGN_OR_RETURN(weights.scales_, DeviceBuffer::allocate(scales_bytes));
   PETREL_ASSIGN_OR_RETURN(weights.qzeros_, DeviceBuffer::allocate(qzeros_bytes));
+  // A CPU bundle pads qweight's word rows (GptqMatrix::stride()); the device copy is dense, as the kernels read it.
+  const int32_t* qweight = host.qweight;
+  std::vector<int32_t> dense;
+  if (host.stride() != host.rows) {
+    const int64_t words = host.cols / (32 / host.bits);
+    dense.resize(static_cast<size_t>(words * host.rows));
+    for (int64_t k = 0; k < words; ++k) {
+      std::memcpy(dense.data() + k * host.rows, host.qweight + k * host.stride(), static_cast<size_t>(host.rows) * 4);
+    }
+    qweight = dense.data();
+  }
   if (uploader) {
-    PETREL_RETURN_IF_ERROR(uploader->copy(weights.qweight_.data(), host.qweight, qweight_bytes));
+    PETREL_RETURN_IF_ERROR(uploader->copy(weights.qweight_.data(), qweight, qweight_bytes));
     PETREL_RETURN_IF_ERROR(uploader->copy(weights.scales_.data(), host.scales, scales_bytes));
     PETREL_RETURN_IF_ERROR(uploader->copy(weights.qzeros_.data(), host.qzeros, qzeros_bytes));
   } else {
-    PETREL_RETURN_IF_ERROR(weights.qweight_.upload(host.qweight, qweight_bytes));
+    PETREL_RETURN_IF_ERROR(weights.qweight_.upload(qweight, qweight_bytes));
     PETREL_RETURN_IF_ERROR(weights.scales_.upload(host.scales, scales_bytes));
     PETREL_RETURN_IF_ERROR(weights.qzeros_.upload(host.qzeros, qzeros_bytes));
   }

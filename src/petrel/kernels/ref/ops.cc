@@ -159,7 +159,7 @@ namespace petrel::ref {
 
 int GptqMatrix::code(int64_t r, int64_t c) const {
   const int per_word = 32 / bits;
-  const uint32_t word = static_cast<uint32_t>(qweight[(c / per_word) * rows + r]);
+  const uint32_t word = static_cast<uint32_t>(qweight[(c / per_word) * stride() + r]);
   return static_cast<int>((word >> (bits * (c % per_word))) & ((1u << bits) - 1));
 }
 
@@ -187,7 +187,7 @@ void GptqMatrix::row_to_f32(int64_t r, float* out) const {
     const int z = zero(g, r);
     const int64_t c_end = std::min(cols, (g + 1) * group_size);
     for (int64_t c = g * group_size; c < c_end; c += per_word) {
-      const uint32_t word = static_cast<uint32_t>(qweight[(c / per_word) * rows + r]);
+      const uint32_t word = static_cast<uint32_t>(qweight[(c / per_word) * stride() + r]);
       for (int k = 0; k < per_word; ++k) {
         out[c + k] = s * static_cast<float>(static_cast<int>((word >> (bits * k)) & mask) - z);
       }

@@ -72,7 +72,8 @@ namespace petrel::ref {
 // A weight matrix quantized in the GPTQ convention (the layout vLLM, transformers and GPTQModel load),
 // viewed in place. For a linear layer with `rows` = out_features and `cols` = in_features:
 //   qweight  int32 [cols * bits / 32, rows]: 32/bits codes per word packed along the INPUT dimension,
-//            code k of a word in bits k*bits .. k*bits + bits - 1
+//            code k of a word in bits k*bits .. k*bits + bits - 1; word row i starts at qweight + i * stride()
+//            (stride() = rows in GPTQ's dense layout; CPU bundles pad it, see cpu::preferred_word_row_stride)
 //   scales   fp16  [n_groups, rows]
 //   qzeros   int32 [n_groups, rows * bits / 32]: zero points packed along the OUTPUT dimension
 //   g_idx    int32 [cols] or null: the group of each input column (null: column / group_size)
@@ -85,10 +86,12 @@ struct GptqMatrix {
   int64_t group_size = 0;  // cols for per-channel (GPTQ's group_size -1)
   int zero_offset = 1;
   const int32_t* qweight = nullptr;
+  int64_t word_row_stride = 0;  // int32 words from one word row of qweight to the next; 0: rows (dense)
   const uint16_t* scales = nullptr;
   const int32_t* qzeros = nullptr;
   const int32_t* g_idx = nullptr;
 
+  int64_t stride() const { return word_row_stride ? word_row_stride : rows; }
   int64_t n_groups() const { return (cols + group_size - 1) / group_size; }
   int group_of(int64_t c) const { return g_idx ? g_idx[c] : static_cast<int>(c / group_size); }
   int code(int64_t r, int64_t c) const;
