@@ -347,6 +347,39 @@ TEST(JsonSchema, StringFormatsKeepTheirShape) {
   EXPECT_NE(refused.status().message().find("properties.a.format: expected a string"), std::string::npos) << refused.status().message();
 }
 
+// A string's "pattern" (runtime/regex_dfa.h, tested against PCRE2 in regex_dfa_test.cc): the value keeps to it
+// byte by byte, the closing quote only where it matches, no escapes; searched for when not anchored.
+TEST(JsonSchema, StringPatternsKeepTheValueToTheRegex) {
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"},
+          "word": {"type": ["string", "integer"], "pattern": "日+"}, "short": {"type": "string", "pattern": "^a+$", "maxLength": 3},
+          "when": {"type": "string", "format": "date", "pattern": "^2024-"}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  for (const char* ok : {R"({"code":"AB-12"})", R"({"code":"ZZ-999"})", R"({"word":"x日y"})", R"({"word":"日日"})",
+                         R"({"word":12})", R"({"short":"aaa"})", R"({"when":"2024-02-03"})"}) {
+    EXPECT_TRUE(accepts(**schema, ok)) << ok;
+  }
+  for (const char* bad : {R"({"code":"AB-1"})", R"({"code":"AB-1234"})", R"({"code":"ab-12"})", R"({"code":"AB12"})",
+                          R"({"code":"AB\u002d12"})", R"({"word":"xy"})", R"({"word":"\u65e5"})", R"({"short":"aaaa"})",
+                          R"({"short":""})", R"({"when":"2023-02-03"})", R"({"when":"2024-13-03"})"}) {
+    EXPECT_FALSE(accepts(**schema, bad)) << bad;
+  }
+  // Refused at the first byte that no matching value continues with, not at the end.
+  SchemaPrefix p(schema->get());
+  ASSERT_TRUE(p.feed(std::string_view(R"({"code":"A)")));
+  EXPECT_FALSE(p.feed('1'));
+  EXPECT_FALSE(p.feed('"'));
+  EXPECT_TRUE(p.feed('B'));
+  EXPECT_FALSE(p.in_plain_string());  // every token is checked against the pattern
+  auto refused = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a"}}})"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("properties.a.pattern at offset 2: missing ')'"), std::string::npos)
+      << refused.status().message();
+  refused = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": 7}}})"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("properties.a.pattern: expected a string"), std::string::npos) << refused.status().message();
+}
+
 // The token mask against brute force: at each state, the tokens allowed are exactly those whose bytes the
 // automaton takes from that state (the mask judges most by their first two bytes and lets plain tokens through
 // wholesale inside strings: this checks both shortcuts), on the Llama 3.1 vocabulary.
@@ -378,10 +411,13 @@ TEST(TokenMask, AllowsExactlyTheTokensTheAutomatonTakes) {
   auto schema = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 3},
           "long": {"type": "string", "maxLength": 70}, "tree": {"$ref": "#"}, "n": {"type": "integer", "minimum": -5, "maximum": 120},
-          "when": {"type": "string", "format": "date-time"}}})"));
+          "when": {"type": "string", "format": "date-time"}, "id": {"type": "string", "pattern": "^[a-f0-9]{4}-(x|yz)$"},
+          "note": {"type": "string", "pattern": "[a-z]{2}", "maxLength": 90}}})"));
   ASSERT_TRUE(schema.ok()) << schema.status().to_string();
   for (const std::string& prefix : std::vector<std::string>{"{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"long\": \"",
-                             "{\"long\": \"" + std::string(10, 'y'), "{\"tree\": {\"tree\": {\"co", "{\"long\": \"\\ud83d", "{\"n\": 1", "{\"n\": -", "{\"n\": 12", "{\"when\": \"2024-0", "{\"when\": \"2024-02-03T12:00:00"}) {
+                             "{\"long\": \"" + std::string(10, 'y'), "{\"tree\": {\"tree\": {\"co", "{\"long\": \"\\ud83d", "{\"n\": 1", "{\"n\": -", "{\"n\": 12", "{\"when\": \"2024-0", "{\"when\": \"2024-02-03T12:00:00",
+                             "{\"id\": \"", "{\"id\": \"ab1", "{\"id\": \"ab12-", "{\"id\": \"ab12-y",
+                             "{\"note\": \"1a", "{\"note\": \"1ab", "{\"note\": \"1ab" + std::string(20, 'q')}) {
     SchemaPrefix state(schema->get());
     ASSERT_TRUE(state.feed(std::string_view(prefix))) << prefix;
     expect_mask_is_brute_force(state, *table, "schema after " + prefix);

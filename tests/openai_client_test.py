@@ -144,8 +144,9 @@ def main():
                   "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
                                                    "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", None]},
                                                    "nick": {"type": "string", "minLength": 1, "maxLength": 4},
+                                                   "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"},
                                                    "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}},
-                  "required": ["name", "age"]}
+                  "required": ["name", "age", "code"]}
         try:
             import jsonschema
         except ImportError:

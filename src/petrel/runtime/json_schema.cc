@@ -254,6 +254,14 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     const std::string name = f.get<std::string>();
     node.format = name == "date" ? kDate : name == "time" ? kTime : name == "date-time" ? kDateTime : name == "uuid" ? kUuid : kNoFormat;
   }
+  if ((node.types & kString) && string_part && string_part->is_object() && string_part->contains("pattern")) {
+    const njson& p = (*string_part)["pattern"];
+    if (!p.is_string()) return invalid_argument(where + "pattern: expected a string");
+    Result<RegexDfa> dfa = RegexDfa::compile(p.get<std::string>());
+    if (!dfa.ok()) return invalid_argument(where + dfa.status().message());
+    patterns_.push_back(std::move(dfa).value());
+    node.pattern = static_cast<int32_t>(patterns_.size() - 1);
+  }
   if ((node.types & (kNumber | kInteger)) == kInteger && integer_part && integer_part->is_object()) {
     PETREL_RETURN_IF_ERROR(integer_bounds(*integer_part, where, node.min_int, node.max_int));
   }
@@ -342,6 +350,7 @@ bool SchemaPrefix::start_value(unsigned char c) {
     integer_only_ = int_bounded_ = false;
     length_ = min_length_ = 0;
     format_ = 0;
+    pattern_ = -1;
     max_length_ = UINT32_MAX;
     free_ = JsonPrefix::any_value();
     if (!free_.feed(c)) return false;
@@ -396,6 +405,8 @@ bool SchemaPrefix::start_value(unsigned char c) {
   max_length_ = c == '"' ? node.max_length : UINT32_MAX;
   format_ = c == '"' ? node.format : 0;
   format_item_ = format_count_ = format_prev_ = 0;
+  pattern_ = c == '"' ? node.pattern : -1;
+  pattern_state_ = 0;
   free_ = JsonPrefix::any_value();
   if (!free_.feed(c)) return false;
   value_ = Value::kScalar;
@@ -419,6 +430,18 @@ bool SchemaPrefix::step(unsigned char c) {
       if (c == '"' ? !format_complete(format_, format_item_)
                    : !format_step(format_, format_item_, format_count_, format_prev_, c)) {
         return false;
+      }
+    }
+    if (pattern_ >= 0) {  // every byte of the value (a backslash at a boundary would begin an escape: none)
+      const RegexDfa& re = schema_->pattern(pattern_);
+      if (boundary && c == '"') {
+        if (!re.accepting(pattern_state_)) return false;
+      } else if (boundary && c == '\\') {
+        return false;
+      } else {
+        const int32_t next = re.next(pattern_state_, c);
+        if (next == RegexDfa::kDead) return false;
+        pattern_state_ = next;
       }
     }
     if (free_.feed(c)) {

@@ -15,13 +15,16 @@
 //    two escapes one);
 //  - string "format": "date", "time", "date-time" (RFC 3339: fields in range, not the calendar: Feb 30 passes)
 //    and "uuid", as their exact shapes, without escapes; other formats are not enforced;
+//  - string "pattern": the ECMA-262 subset of regex_dfa.h, searched for in the value as JSON Schema says (anchor
+//    it with ^...$ for a whole match); the value is then written without escapes, so a pattern that needs a
+//    '"', a '\' or a control character cannot be met (the model is left no string to write);
 //  - integer: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (a digit that no integer in range can
 //    begin with is refused where it comes; not for "number", whose fractions and exponents are left free);
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
 //  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union;
 //  - "$ref" to any place of the same document ("#", "#/$defs/Name", "#/definitions/Name": what pydantic and
 //    zod write), recursive ones included; "allOf" of one schema (pydantic v1's wrapper of a $ref) as that schema.
-// Anything else that constrains (allOf of several, not, pattern, other formats, multipleOf, ...) is not enforced: the value
+// Anything else that constrains (allOf of several, not, other formats, multipleOf, ...) is not enforced: the value
 // is only checked to be valid JSON of the allowed types. Keys come out in any order, each at most once, and an
 // object closes only when its required keys are there. The root must be an object. A recursive schema's values
 // nest at most SchemaPrefix::kMaxDepth deep: past that, only a branch that is not an object or array is taken.
@@ -37,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "petrel/runtime/json_constraint.h"
+#include "petrel/runtime/regex_dfa.h"
 #include "petrel/util/status.h"
 
 namespace petrel {
@@ -58,6 +62,7 @@ class JsonSchema {
     uint32_t min_length = 0, max_length = UINT32_MAX;  // string: minLength, maxLength
     int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integer: the bounds, inclusive
     uint8_t format = 0;                     // string: a StringFormat (json_schema.cc), 0 none
+    int32_t pattern = -1;                   // string: its "pattern" (JsonSchema::pattern), -1 none
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
   };
 
@@ -67,12 +72,14 @@ class JsonSchema {
   static std::shared_ptr<const JsonSchema> any_object();
 
   const Node& node(int32_t i) const { return nodes_[static_cast<size_t>(i)]; }
+  const RegexDfa& pattern(int32_t i) const { return patterns_[static_cast<size_t>(i)]; }
   int32_t root() const { return 0; }
 
  private:
   Result<int32_t> add(const nlohmann::json& schema, const std::string& where, int depth);
   Result<const nlohmann::json*> resolve(const nlohmann::json& schema, const std::string& where) const;
   std::vector<Node> nodes_;
+  std::vector<RegexDfa> patterns_;
   // While compiling: the whole document ($ref's target), and the node made for each schema object so far (so a
   // schema referenced twice is one node, and a recursive one a cycle of nodes).
   const nlohmann::json* document_ = nullptr;
@@ -92,7 +99,7 @@ class SchemaPrefix {
   // In a string value where any plain token may come (none can reach its maxLength).
   bool in_plain_string() const {
     return value_ == Value::kScalar && free_.in_plain_string() && max_length_ - length_ >= JsonTokenTable::kMaxPlainBytes &&
-           format_ == 0;
+           format_ == 0 && (pattern_ < 0 || schema_->pattern(pattern_).free(pattern_state_));
   }
 
  private:
@@ -136,6 +143,8 @@ class SchemaPrefix {
   uint32_t min_length_ = 0, max_length_ = UINT32_MAX;  // and its bounds (none for other values)
   // A string value with a format: which, and where in its shape (json_schema.cc's format_step).
   uint8_t format_ = 0, format_item_ = 0, format_count_ = 0, format_prev_ = 0;
+  // A string value with a pattern: which (JsonSchema::pattern) and the state of its automaton; -1 none.
+  int32_t pattern_ = -1, pattern_state_ = 0;
   // A bounded integer value: its sign and digits so far (the magnitude saturating far above any int64).
   bool int_bounded_ = false, negative_ = false;
   uint8_t digits_ = 0;

@@ -1,0 +1,242 @@
+// runtime/regex_dfa.h against PCRE2, an independent regex engine: on every string of a random and a mutated
+// sample, the automaton accepts exactly the strings PCRE2 finds the pattern in; and on every prefix of them it
+// is still alive exactly when PCRE2 (partial matching) says some continuation could match, which is what lets
+// constrained decoding refuse a byte at once.
+#include "petrel/runtime/regex_dfa.h"
+
+#include <gtest/gtest.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <chrono>
+#include <optional>
+#include <utility>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace petrel {
+namespace {
+
+// PCRE2 with the options that make it read a pattern as ECMA-262 does for this subset: UTF-8, `$` only at the
+// very end, \uHHHH escapes (ALT_BSUX), ASCII \d \w \s (PCRE2's default without UCP).
+class Pcre {
+ public:
+  explicit Pcre(const std::string& pattern) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_DOLLAR_ENDONLY | PCRE2_ALT_BSUX,
+                          &error, &offset, nullptr);
+    data_ = code_ ? pcre2_match_data_create_from_pattern(code_, nullptr) : nullptr;
+  }
+  ~Pcre() {
+    pcre2_match_data_free(data_);
+    pcre2_code_free(code_);
+  }
+  bool ok() const { return code_ != nullptr; }
+  // 1 a match, 0 a partial match (the subject could go on to match), -1 neither.
+  int match(const std::string& s, bool partial) const {
+    const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
+                               partial ? PCRE2_PARTIAL_HARD : 0, data_, nullptr);
+    return rc >= 0 ? 1 : rc == PCRE2_ERROR_PARTIAL ? 0 : -1;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  pcre2_match_data* data_ = nullptr;
+};
+
+// Code points to build test strings from: what the patterns below name, their neighbours, and multi-byte ones.
+const std::vector<std::string> kAlphabet = {"a", "b", "c", "x", "z", "A", "B", "Z", "0", "1", "5", "9", "-", "_", ".",
+                                            " ", "@", "+", "(", ")", "/", "é", "ß", "日", "😀"};
+
+const char* const kPatterns[] = {
+    "^[A-Z]{3}-\\d{4}$",
+    "^\\+?[0-9 ()-]{7,15}$",
+    "^[a-z0-9._-]+@[a-z0-9-]+\\.[a-z]{2,}$",
+    "ab+c",
+    "^(ab|cd)*x?$",
+    "^[^0-9]*$",
+    "^.{2,4}$",
+    "^\\w+(\\s\\w+)*$",
+    "^[a-c]{0,3}[x-z]?$",
+    "^(?:a|b)+(?<tail>z{2})$",
+    "é+日",
+    "^\\D\\W?\\S$",
+    "^a{2}b{1,}c{0,2}$",
+    "^[\\d\\-]+\\.?$",
+    "^(\\(\\d{3}\\) )?\\d{3}-\\d{4}$",
+    "^\\x41\\u00e9[\\u0041-\\u0043]$",
+    "^$",
+    "",
+    "x|y",
+    "^[^a-z]+$",
+};
+
+std::string random_string(std::mt19937& rng, int max_len) {
+  std::string s;
+  const int len = static_cast<int>(rng() % static_cast<unsigned>(max_len + 1));
+  for (int i = 0; i < len; ++i) s += kAlphabet[rng() % kAlphabet.size()];
+  return s;
+}
+
+// A string of alphabet characters along which the automaton stays alive, stopping in an accepting state (none
+// when the walk gets stuck elsewhere): candidates for matching strings, which PCRE2 then judges like any other.
+std::optional<std::string> walk(const RegexDfa& dfa, std::mt19937& rng) {
+  std::string s;
+  int32_t state = dfa.start();
+  for (int step = 0; step < 16; ++step) {
+    if (dfa.accepting(state) && rng() % 3 == 0) return s;
+    std::vector<std::pair<std::string, int32_t>> options;
+    for (const std::string& ch : kAlphabet) {
+      int32_t t = state;
+      for (unsigned char c : ch) {
+        if (t != RegexDfa::kDead) t = dfa.next(t, c);
+      }
+      if (t != RegexDfa::kDead) options.emplace_back(ch, t);
+    }
+    if (options.empty()) break;
+    const auto& pick = options[rng() % options.size()];
+    s += pick.first;
+    state = pick.second;
+  }
+  if (!dfa.accepting(state)) return std::nullopt;
+  return s;
+}
+
+TEST(RegexDfa, MatchesWhatPcre2FindsAndDiesWhenNoContinuationCan) {
+  std::mt19937 rng(23);
+  for (const char* pattern : kPatterns) {
+    auto dfa = RegexDfa::compile(pattern);
+    ASSERT_TRUE(dfa.ok()) << pattern << ": " << dfa.status().to_string();
+    Pcre pcre(pattern);
+    ASSERT_TRUE(pcre.ok()) << pattern;
+    const bool anchored = pattern[0] == '^';
+    // Strings: random ones, walks along the automaton, and the ones of either that PCRE2 says match, mutated by
+    // a character.
+    std::vector<std::string> subjects;
+    std::vector<std::string> matching;
+    for (int i = 0; i < 1500; ++i) {
+      std::string s = random_string(rng, 10);
+      if (pcre.match(s, false) == 1) matching.push_back(s);
+      subjects.push_back(std::move(s));
+      if (auto w = walk(*dfa, rng)) {
+        if (pcre.match(*w, false) == 1 && matching.size() < 300) matching.push_back(*w);
+        subjects.push_back(std::move(*w));
+      }
+    }
+    for (const std::string& m : matching) {
+      subjects.push_back(m);
+      std::string mutated = m;  // one character (not byte: the subject stays UTF-8) dropped
+      if (!mutated.empty()) {
+        size_t at = rng() % mutated.size(), len = 1;
+        while (at > 0 && (static_cast<unsigned char>(mutated[at]) & 0xC0) == 0x80) --at;
+        while (at + len < mutated.size() && (static_cast<unsigned char>(mutated[at + len]) & 0xC0) == 0x80) ++len;
+        mutated.erase(at, len);
+      }
+      subjects.push_back(mutated + kAlphabet[rng() % kAlphabet.size()]);
+      subjects.push_back(kAlphabet[rng() % kAlphabet.size()] + m);
+    }
+    int checked = 0;
+    for (const std::string& s : subjects) {
+      ASSERT_EQ(dfa->matches(s), pcre.match(s, false) == 1) << "pattern " << pattern << " subject '" << s << "'";
+      if (!anchored) continue;  // unanchored: a match may always begin later, so no prefix is ever dead
+      // Every prefix at a character boundary: alive exactly when PCRE2 sees a (partial) match from the start.
+      int32_t state = dfa->start();
+      for (size_t i = 0; i <= s.size(); ++i) {
+        // (PCRE2 reports no partial match of the empty subject: it inspected no character.)
+        if (i > 0 && (i == s.size() || (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80)) {
+          const bool alive = state != RegexDfa::kDead;
+          ASSERT_EQ(alive, pcre.match(s.substr(0, i), true) >= 0)
+              << "pattern " << pattern << " prefix '" << s.substr(0, i) << "'";
+          ++checked;
+        }
+        if (i == s.size() || state == RegexDfa::kDead) break;
+        state = dfa->next(state, static_cast<unsigned char>(s[i]));
+      }
+    }
+    if (anchored) {
+      EXPECT_GT(checked, 1000) << pattern;
+    }
+    EXPECT_GT(matching.size(), 0u) << pattern << ": nothing matched; the test proves little";
+  }
+}
+
+// free(): the state matches and every continuation by string characters does too. Checked by definition on
+// random continuations, and on the cases constrained decoding relies on.
+TEST(RegexDfa, FreeStatesAcceptEveryContinuation) {
+  std::mt19937 rng(29);
+  auto state_after = [](const RegexDfa& dfa, const std::string& s) {
+    int32_t state = dfa.start();
+    for (unsigned char c : s) state = state == RegexDfa::kDead ? state : dfa.next(state, c);
+    return state;
+  };
+  for (const char* pattern : kPatterns) {
+    auto dfa = RegexDfa::compile(pattern);
+    ASSERT_TRUE(dfa.ok()) << pattern;
+    for (int i = 0; i < 300; ++i) {
+      const std::string prefix = random_string(rng, 6);
+      const int32_t state = state_after(*dfa, prefix);
+      if (state == RegexDfa::kDead || !dfa->free(state)) continue;
+      for (int k = 0; k < 20; ++k) {
+        const std::string more = prefix + random_string(rng, 8);
+        ASSERT_TRUE(dfa->matches(more)) << pattern << ": free after '" << prefix << "' but refuses '" << more << "'";
+      }
+    }
+  }
+  auto letters = RegexDfa::compile("[a-z]{2}");
+  ASSERT_TRUE(letters.ok());
+  EXPECT_FALSE(letters->free(state_after(*letters, "1a")));
+  EXPECT_TRUE(letters->free(state_after(*letters, "1ab")));
+  EXPECT_TRUE(letters->free(state_after(*letters, "1ab日\"x")));
+  auto prefix = RegexDfa::compile("^ab");
+  ASSERT_TRUE(prefix.ok());
+  EXPECT_FALSE(prefix->free(state_after(*prefix, "a")));
+  EXPECT_TRUE(prefix->free(state_after(*prefix, "ab")));
+  auto exact = RegexDfa::compile("^ab$");
+  ASSERT_TRUE(exact.ok());
+  EXPECT_FALSE(exact->free(state_after(*exact, "ab")));
+  auto dot = RegexDfa::compile("^a.*");  // '.' refuses \n and \r, which a JSON string holds only escaped
+  ASSERT_TRUE(dot.ok());
+  EXPECT_TRUE(dot->free(state_after(*dot, "a")));
+}
+
+TEST(RegexDfa, RefusesWhatItDoesNotSupportNamingTheOffset) {
+  struct Case {
+    const char* pattern;
+    const char* why;
+  };
+  for (const Case& c : std::initializer_list<Case>{{"(a)\\1", "back-references"},
+                                                   {"a(?=b)", "lookaround"},
+                                                   {"\\bword", "word boundaries"},
+                                                   {"a^b", "'^' is only supported at the pattern's start"},
+                                                   {"a$b", "'$' is only supported at the pattern's end"},
+                                                   {"^a|b$", "top-level '|'"},
+                                                   {"(ab", "missing ')'"},
+                                                   {"ab)", "')' without '('"},
+                                                   {"[a-", "missing ']'"},
+                                                   {"[z-a]", "range out of order"},
+                                                   {"*a", "nothing to repeat"},
+                                                   {"[é-ü]", "ranges of non-ASCII characters"},
+                                                   {"[^é]", "non-ASCII characters in a negated class"},
+                                                   {"\\q", "unknown escape"},
+                                                   {"\\u12", "hexadecimal"},
+                                                   {"(a|b)*a(a|b){14}", "states"},
+                                                   {"a{100000}", "too large"}}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto dfa = RegexDfa::compile(c.pattern);
+    ASSERT_FALSE(dfa.ok()) << c.pattern;
+    EXPECT_EQ(dfa.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(dfa.status().message().find(c.why), std::string::npos) << c.pattern << ": " << dfa.status().message();
+    EXPECT_NE(dfa.status().message().find("pattern"), std::string::npos) << dfa.status().message();
+    // A hostile pattern in a request is refused quickly (generous: CI machines are slow and shared).
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0) << c.pattern;
+  }
+  auto nested = RegexDfa::compile(std::string(100, '(') + "a" + std::string(100, ')'));
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.status().message().find("nested"), std::string::npos) << nested.status().message();
+}
+
+}  // namespace
+}  // namespace petrel
