@@ -223,7 +223,10 @@ TEST(RegexDfa, RefusesWhatItDoesNotSupportNamingTheOffset) {
                                                    {"\\q", "unknown escape"},
                                                    {"\\u12", "hexadecimal"},
                                                    {"(a|b)*a(a|b){14}", "states"},
-                                                   {"a{100000}", "too large"}}) {
+                                                   {"a{100000}", "too large"},
+                                                   {".{0,1200}x", "too large"},
+                                                   {"^[a-z]{0,3000}x", "states or is too large"},
+                                                   {"(.{0,100}){0,100}", "too large"}}) {
     const auto start = std::chrono::steady_clock::now();
     auto dfa = RegexDfa::compile(c.pattern);
     ASSERT_FALSE(dfa.ok()) << c.pattern;

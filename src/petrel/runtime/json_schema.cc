@@ -259,6 +259,13 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     if (!p.is_string()) return invalid_argument(where + "pattern: expected a string");
     Result<RegexDfa> dfa = RegexDfa::compile(p.get<std::string>());
     if (!dfa.ok()) return invalid_argument(where + dfa.status().message());
+    // A schema may hold many patterns: their automata together are bounded like one (a request's compile time).
+    int64_t states = dfa->state_count();
+    for (const RegexDfa& other : patterns_) states += other.state_count();
+    if (states > 4 * int64_t{RegexDfa::kMaxStates}) {
+      return invalid_argument(where + "pattern: the schema's patterns need more than " +
+                              std::to_string(4 * RegexDfa::kMaxStates) + " automaton states in all");
+    }
     patterns_.push_back(std::move(dfa).value());
     node.pattern = static_cast<int32_t>(patterns_.size() - 1);
   }

@@ -442,7 +442,7 @@ struct NfaState {
 
 class NfaBuilder {
  public:
-  static constexpr size_t kMaxNfaStates = 50000;
+  static constexpr size_t kMaxNfaStates = 20000;
   std::vector<NfaState> states;
 
   int32_t add() {
@@ -586,6 +586,8 @@ Result<RegexDfa> RegexDfa::compile(std::string_view pattern) {
 
   RegexDfa dfa;
   dfa.pattern_ = std::string(pattern);
+  constexpr size_t kMaxEntries = size_t{4} << 20;
+  size_t entries = 0;
   std::map<std::vector<int32_t>, int32_t> ids;
   std::vector<std::vector<int32_t>> sets;
   std::vector<uint8_t> mark(nfa.states.size(), 0);
@@ -611,9 +613,12 @@ Result<RegexDfa> RegexDfa::compile(std::string_view pattern) {
       closure(nfa.states, next, mark);
       auto [it, inserted] = ids.emplace(next, static_cast<int32_t>(sets.size()));
       if (inserted) {
-        if (sets.size() >= static_cast<size_t>(kMaxStates)) {
+        // Bounds on what a hostile pattern can cost (a request's schema): states, and NFA states held over all
+        // DFA states (memory, and the work per state), ~0.1 s and ~40 MB at most.
+        entries += next.size();
+        if (sets.size() >= static_cast<size_t>(kMaxStates) || entries > kMaxEntries) {
           return invalid_argument("pattern: its automaton needs more than " + std::to_string(kMaxStates) +
-                                  " states (a shorter or less ambiguous pattern?)");
+                                  " states or is too large to build (a shorter or less ambiguous pattern?)");
         }
         sets.push_back(std::move(next));
       }
