@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
           "note": {"type": "string", "pattern": "[a-z]+"}}})"));
   if (!coded.ok()) return 1;
   for (const auto& [name, text] : {std::pair<const char*, const char*>{"schema: a pattern's value", "{\"code\": \"AB"},
-                                   {"schema: an unanchored pattern's value", "{\"note\": \"ab"}}) {
+                                   {"schema: an unanchored pattern's value", "{\"note\": \"ab"},
+                                   {"schema: the same before its match", "{\"note\": \"12"}}) {
     petrel::JsonSchemaConstraint constraint(table, *coded, {128009});
     row(constraint, name, text);
   }

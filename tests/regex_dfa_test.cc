@@ -163,9 +163,10 @@ TEST(RegexDfa, MatchesWhatPcre2FindsAndDiesWhenNoContinuationCan) {
   }
 }
 
-// free(): the state matches and every continuation by string characters does too. Checked by definition on
-// random continuations, and on the cases constrained decoding relies on.
-TEST(RegexDfa, FreeStatesAcceptEveryContinuation) {
+// open(): no continuation by string characters kills the state. Checked by definition on random continuations
+// (and, the other way, that a state some continuation kills is not open), and on the cases constrained decoding
+// relies on.
+TEST(RegexDfa, OpenStatesSurviveEveryContinuation) {
   std::mt19937 rng(29);
   auto state_after = [](const RegexDfa& dfa, const std::string& s) {
     int32_t state = dfa.start();
@@ -178,28 +179,34 @@ TEST(RegexDfa, FreeStatesAcceptEveryContinuation) {
     for (int i = 0; i < 300; ++i) {
       const std::string prefix = random_string(rng, 6);
       const int32_t state = state_after(*dfa, prefix);
-      if (state == RegexDfa::kDead || !dfa->free(state)) continue;
+      if (state == RegexDfa::kDead) continue;
+      bool killed = false;
       for (int k = 0; k < 20; ++k) {
         const std::string more = prefix + random_string(rng, 8);
-        ASSERT_TRUE(dfa->matches(more)) << pattern << ": free after '" << prefix << "' but refuses '" << more << "'";
+        killed = killed || state_after(*dfa, more) == RegexDfa::kDead;
+      }
+      if (dfa->open(state)) {
+        EXPECT_FALSE(killed) << pattern << ": open after '" << prefix << "' but a continuation dies";
+      }
+      if (killed) {
+        EXPECT_FALSE(dfa->open(state)) << pattern << " after '" << prefix << "'";
       }
     }
   }
-  auto letters = RegexDfa::compile("[a-z]{2}");
+  auto letters = RegexDfa::compile("[a-z]{2}");  // unanchored: every state is open
   ASSERT_TRUE(letters.ok());
-  EXPECT_FALSE(letters->free(state_after(*letters, "1a")));
-  EXPECT_TRUE(letters->free(state_after(*letters, "1ab")));
-  EXPECT_TRUE(letters->free(state_after(*letters, "1ab日\"x")));
+  EXPECT_TRUE(letters->open(state_after(*letters, "1a")));
+  EXPECT_TRUE(letters->open(state_after(*letters, "1ab日\"x")));
   auto prefix = RegexDfa::compile("^ab");
   ASSERT_TRUE(prefix.ok());
-  EXPECT_FALSE(prefix->free(state_after(*prefix, "a")));
-  EXPECT_TRUE(prefix->free(state_after(*prefix, "ab")));
+  EXPECT_FALSE(prefix->open(state_after(*prefix, "a")));
+  EXPECT_TRUE(prefix->open(state_after(*prefix, "ab")));
   auto exact = RegexDfa::compile("^ab$");
   ASSERT_TRUE(exact.ok());
-  EXPECT_FALSE(exact->free(state_after(*exact, "ab")));
+  EXPECT_FALSE(exact->open(state_after(*exact, "ab")));
   auto dot = RegexDfa::compile("^a.*");  // '.' refuses \n and \r, which a JSON string holds only escaped
   ASSERT_TRUE(dot.ok());
-  EXPECT_TRUE(dot->free(state_after(*dot, "a")));
+  EXPECT_TRUE(dot->open(state_after(*dot, "a")));
 }
 
 TEST(RegexDfa, RefusesWhatItDoesNotSupportNamingTheOffset) {

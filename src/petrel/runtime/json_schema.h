@@ -99,7 +99,7 @@ class SchemaPrefix {
   // In a string value where any plain token may come (none can reach its maxLength).
   bool in_plain_string() const {
     return value_ == Value::kScalar && free_.in_plain_string() && max_length_ - length_ >= JsonTokenTable::kMaxPlainBytes &&
-           format_ == 0 && (pattern_ < 0 || schema_->pattern(pattern_).free(pattern_state_));
+           format_ == 0 && (pattern_ < 0 || schema_->pattern(pattern_).open(pattern_state_));
   }
 
  private:

@@ -626,16 +626,16 @@ Result<RegexDfa> RegexDfa::compile(std::string_view pattern) {
     }
     for (int c = 0; c < 256; ++c) dfa.table_[d * 256 + static_cast<size_t>(c)] = to_class[static_cast<size_t>(byte_class[static_cast<size_t>(c)])];
   }
-  dfa.find_free_states();
+  dfa.find_open_states();
   return dfa;
 }
 
-// The largest set F of accepting states such that every string character (an ASCII byte from 0x20 but '"' and
+// The largest set F of states such that every string character (an ASCII byte from 0x20 but '"' and
 // '\\', or a lead byte C2-F4 and its 1-3 continuation bytes 80-BF: a superset of valid UTF-8) leads from a state
 // of F to a state of F: a greatest fixpoint, states removed until none must be.
-void RegexDfa::find_free_states() {
+void RegexDfa::find_open_states() {
   const auto n = static_cast<size_t>(state_count());
-  free_.assign(accepting_.begin(), accepting_.end());
+  open_.assign(n, 1);
   // Where a character of `len` bytes beginning with `lead` can lead from `s` (kDead among them if it can die).
   auto targets = [&](int32_t s, int lead, int len, std::vector<int32_t>& out) {
     out.assign(1, next(s, static_cast<unsigned char>(lead)));
@@ -654,19 +654,19 @@ void RegexDfa::find_free_states() {
   for (bool changed = true; changed;) {
     changed = false;
     for (size_t s = 0; s < n; ++s) {
-      if (!free_[s]) continue;
+      if (!open_[s]) continue;
       bool ok = true;
       for (int c = 0x20; c < 0x80 && ok; ++c) {
         if (c == '"' || c == '\\') continue;
         const int32_t t = next(static_cast<int32_t>(s), static_cast<unsigned char>(c));
-        ok = t != kDead && free_[static_cast<size_t>(t)];
+        ok = t != kDead && open_[static_cast<size_t>(t)];
       }
       for (int lead = 0xC2; lead <= 0xF4 && ok; ++lead) {
         targets(static_cast<int32_t>(s), lead, lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4, reach);
-        for (int32_t t : reach) ok = ok && t != kDead && free_[static_cast<size_t>(t)];
+        for (int32_t t : reach) ok = ok && t != kDead && open_[static_cast<size_t>(t)];
       }
       if (!ok) {
-        free_[s] = 0;
+        open_[s] = 0;
         changed = true;
       }
     }

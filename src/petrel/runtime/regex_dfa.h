@@ -37,22 +37,23 @@ class RegexDfa {
   int32_t next(int32_t state, unsigned char c) const { return table_[static_cast<size_t>(state) * 256 + c]; }
   // The bytes so far are a string the pattern matches.
   bool accepting(int32_t state) const { return accepting_[static_cast<size_t>(state)] != 0; }
-  // The bytes so far match, and so does every continuation by whole UTF-8 characters other than '"', '\\' and
-  // control characters (what a JSON string's plain tokens hold): an unanchored pattern once found, `^ab` after
-  // "ab". Constrained decoding then lets plain tokens through without stepping each one.
-  bool free(int32_t state) const { return free_[static_cast<size_t>(state)] != 0; }
+  // No continuation by whole UTF-8 characters other than '"', '\\' and control characters (what a JSON string's
+  // plain tokens hold) can make a match impossible: every state of an unanchored pattern, `^ab` after "ab", not
+  // `^ab$` after "ab". Constrained decoding then lets plain tokens through without stepping each one (the
+  // closing quote is still checked against accepting()).
+  bool open(int32_t state) const { return open_[static_cast<size_t>(state)] != 0; }
   // The whole of `text` matches (a test and debugging helper).
   bool matches(std::string_view text) const;
   int32_t state_count() const { return static_cast<int32_t>(accepting_.size()); }
   const std::string& pattern() const { return pattern_; }
 
  private:
-  void find_free_states();
+  void find_open_states();
 
   std::string pattern_;
   std::vector<int32_t> table_;     // [states, 256]
   std::vector<uint8_t> accepting_;  // [states]
-  std::vector<uint8_t> free_;       // [states]
+  std::vector<uint8_t> open_;       // [states]
 };
 
 }  // namespace petrel
