@@ -6,6 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -308,7 +312,7 @@ TEST(JsonSchema, StringFormatsKeepTheirShape) {
   auto schema = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}, "t": {"type": "string", "format": "time"},
           "dt": {"type": ["string", "null"], "format": "date-time"}, "u": {"type": "string", "format": "uuid"},
-          "e": {"type": "string", "format": "email"}}})"));
+          "e": {"type": "string", "format": "uri"}}})"));
   ASSERT_TRUE(schema.ok()) << schema.status().to_string();
   std::mt19937 rng(17);
   char buf[96];
@@ -331,7 +335,7 @@ TEST(JsonSchema, StringFormatsKeepTheirShape) {
     const njson o = {{"d", date}, {"t", time}, {"dt", date + (rng() % 2 ? "T" : "t") + time}, {"u", uuid}};
     ASSERT_TRUE(accepts(**schema, o.dump())) << o.dump();
   }
-  for (const char* ok : {R"({"dt":null})", R"({"e":"not an email at all"})", R"({"t":"23:59:60Z"})", R"({"d":"0000-01-01"})"}) {
+  for (const char* ok : {R"({"dt":null})", R"({"e":"not a uri at all"})", R"({"t":"23:59:60Z"})", R"({"d":"0000-01-01"})"}) {
     EXPECT_TRUE(accepts(**schema, ok)) << ok;
   }
   for (const char* bad : {R"({"d":"2024-13-01"})", R"({"d":"2024-00-10"})", R"({"d":"2024-02-32"})", R"({"d":"2024-2-03"})",
@@ -345,6 +349,156 @@ TEST(JsonSchema, StringFormatsKeepTheirShape) {
   auto refused = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {"a": {"type": "string", "format": 3}}})"));
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("properties.a.format: expected a string"), std::string::npos) << refused.status().message();
+}
+
+// References for the formats enforced through regular expressions, written from their grammars again here
+// (glibc's inet_pton for the IP addresses): the automaton must agree with them on every sampled string.
+bool is_label(const std::string& l) {
+  if (l.empty() || l.size() > 63 || l.front() == '-' || l.back() == '-') return false;
+  return std::all_of(l.begin(), l.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; });
+}
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts(1);
+  for (char c : s) {
+    if (c == sep) parts.emplace_back();
+    else parts.back() += c;
+  }
+  return parts;
+}
+bool is_hostname(const std::string& s) {
+  const auto labels = split(s, '.');
+  return std::all_of(labels.begin(), labels.end(), is_label);
+}
+bool is_email(const std::string& s) {
+  const size_t at = s.find('@');
+  if (at == std::string::npos || s.find('@', at + 1) != std::string::npos) return false;
+  const std::string local = s.substr(0, at), domain = s.substr(at + 1);
+  const std::string atext = "!#$%&'*+/=?^_`{|}~-";
+  for (const std::string& atom : split(local, '.')) {
+    if (atom.empty()) return false;
+    for (char c : atom) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && atext.find(c) == std::string::npos) return false;
+    }
+  }
+  return domain.find('.') != std::string::npos && is_hostname(domain);
+}
+// RFC 3339 appendix A's duration, by recursive descent.
+bool is_duration(const std::string& s) {
+  size_t i = 0;
+  auto num = [&](char unit) {  // 1*DIGIT unit
+    const size_t start = i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    if (i == start || i >= s.size() || s[i] != unit) {
+      i = start;
+      return false;
+    }
+    ++i;
+    return true;
+  };
+  auto time = [&] {  // "T" (dur-hour / dur-minute / dur-second)
+    if (i >= s.size() || s[i] != 'T') return false;
+    ++i;
+    if (num('H')) {
+      if (num('M')) num('S');
+      return true;
+    }
+    if (num('M')) {
+      num('S');
+      return true;
+    }
+    return num('S');
+  };
+  if (s.empty() || s[0] != 'P') return false;
+  i = 1;
+  bool ok = false;
+  if (num('W')) {
+    ok = true;
+  } else if (num('D')) {
+    ok = true;
+    if (i < s.size()) ok = time();
+  } else if (num('M')) {
+    num('D');
+    ok = true;
+    if (i < s.size()) ok = time();
+  } else if (num('Y')) {
+    if (num('M')) num('D');
+    ok = true;
+    if (i < s.size()) ok = time();
+  } else {
+    ok = time();
+  }
+  return ok && i == s.size();
+}
+
+TEST(JsonSchema, RegexFormatsAgreeWithReferences) {
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"v4": {"type": "string", "format": "ipv4"}, "v6": {"type": "string", "format": "ipv6"},
+          "host": {"type": "string", "format": "hostname"}, "mail": {"type": "string", "format": "email"},
+          "dur": {"type": "string", "format": "duration"}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  std::mt19937 rng(31);
+  auto pick = [&](const std::string& chars, int max_len) {
+    std::string s;
+    for (int n = static_cast<int>(rng() % static_cast<unsigned>(max_len + 1)); n > 0; --n) s += chars[rng() % chars.size()];
+    return s;
+  };
+  struct Case {
+    const char* key;
+    std::function<bool(const std::string&)> reference;
+    std::function<std::string()> sample;
+  };
+  char buf[64];
+  const std::vector<Case> cases = {
+      {"v4", [](const std::string& s) { in_addr a; return inet_pton(AF_INET, s.c_str(), &a) == 1; },
+       [&] {
+         if (rng() % 2) return pick("0123456789.", 16);
+         std::snprintf(buf, sizeof buf, "%u.%u.%u.%u", static_cast<unsigned>(rng() % 300), static_cast<unsigned>(rng() % 256),
+                       static_cast<unsigned>(rng() % 256), static_cast<unsigned>(rng() % 260));
+         return std::string(rng() % 5 ? "" : "0") + buf;
+       }},
+      {"v6", [](const std::string& s) { in6_addr a; return inet_pton(AF_INET6, s.c_str(), &a) == 1; },
+       [&] {
+         if (rng() % 4 == 0) return pick("0123456789abcdefABCDEF:.", 24);
+         in6_addr a;
+         for (auto& b : a.s6_addr) b = static_cast<uint8_t>(rng() % 3 ? 0 : rng());  // zero runs to compress
+         char text[INET6_ADDRSTRLEN];
+         inet_ntop(AF_INET6, &a, text, sizeof text);
+         std::string s = text;
+         if (rng() % 3 == 0 && !s.empty()) s.erase(rng() % s.size(), 1);  // a mutation
+         return s;
+       }},
+      {"host", is_hostname, [&] { return pick("abz09-.", 14); }},
+      {"mail", is_email, [&] { return pick("ab1.-@+_", 6) + (rng() % 2 ? "@ex.com" : "@x-y.a.b"); }},
+      {"dur", is_duration, [&] {
+         if (rng() % 2) return "P" + pick("0123456789YMWDTHS", 8);
+         std::string s = "P";  // units in order, each there or not, sometimes out of order or with a gap
+         for (const char* unit : {"Y", "M", "D", "T", "H", "M", "S"}) {
+           if (rng() % 2) s += *unit == 'T' ? std::string("T") : std::to_string(rng() % 100) + unit;
+         }
+         if (rng() % 4 == 0 && s.size() > 1) std::swap(s[1 + rng() % (s.size() - 1)], s[1 + rng() % (s.size() - 1)]);
+         return s;
+       }},
+  };
+  for (const Case& c : cases) {
+    int yes = 0;
+    for (int i = 0; i < 4000; ++i) {
+      const std::string value = c.sample();
+      const bool want = c.reference(value);
+      yes += want;
+      const std::string text = njson{{c.key, value}}.dump();
+      ASSERT_EQ(accepts(**schema, text), want) << text;
+    }
+    EXPECT_GT(yes, 200) << c.key << ": too few valid samples to prove much";
+  }
+  for (const char* ok : {R"({"v6":"::"})", R"({"v6":"::ffff:192.0.2.1"})", R"({"v6":"2001:db8::8a2e:370:7334"})",
+                         R"({"dur":"P3Y6M4DT12H30M5S"})", R"({"dur":"PT0S"})", R"({"dur":"P1W"})", R"({"mail":"a.b+c@example.org"})",
+                         R"({"host":"example"})"}) {
+    EXPECT_TRUE(accepts(**schema, ok)) << ok;
+  }
+  for (const char* bad : {R"({"v6":"1::2::3"})", R"({"v6":"12345::"})", R"({"dur":"P"})", R"({"dur":"PT"})", R"({"dur":"P1H"})",
+                          R"({"mail":"a..b@example.org"})", R"({"mail":"a@example"})", R"({"host":"-a.b"})", R"({"v4":"1.2.3"})"}) {
+    EXPECT_FALSE(accepts(**schema, bad)) << bad;
+  }
 }
 
 // A string's "pattern" (runtime/regex_dfa.h, tested against PCRE2 in regex_dfa_test.cc): the value keeps to it

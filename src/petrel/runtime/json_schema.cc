@@ -1,6 +1,7 @@
 #include "petrel/runtime/json_schema.h"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 
 #include "petrel/runtime/token_mask.h"
@@ -139,6 +140,43 @@ bool format_step(uint8_t format, uint8_t& item, uint8_t& count, uint8_t& prev, u
 
 bool format_complete(uint8_t format, uint8_t item) { return format_items(format)[item].kind == FormatItem::kEnd; }
 
+// The formats enforced through a regular expression (the rest of OpenAI strict mode's list), written from their
+// grammars: RFC 3339 appendix A (duration), RFC 3986 section 3.2.2 (IPv6address, dec-octet), RFC 1123 (host
+// labels), RFC 5322's dot-atom (email's local part). Compiled once, on first use.
+std::string ipv6_regex() {
+  const std::string h16 = "[0-9A-Fa-f]{1,4}", dec = "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
+  const std::string v4 = "(" + dec + "\\.){3}" + dec, ls32 = "(" + h16 + ":" + h16 + "|" + v4 + ")";
+  auto words = [&](int n) { return "(" + h16 + ":){" + std::to_string(n) + "}"; };
+  auto left = [&](int most) { return "((" + h16 + ":){0," + std::to_string(most) + "}" + h16 + ")?"; };
+  return "^(" + words(6) + ls32 + "|::" + words(5) + ls32 + "|(" + h16 + ")?::" + words(4) + ls32 + "|" + left(1) +
+         "::" + words(3) + ls32 + "|" + left(2) + "::" + words(2) + ls32 + "|" + left(3) + "::" + h16 + ":" + ls32 +
+         "|" + left(4) + "::" + ls32 + "|" + left(5) + "::" + h16 + "|" + left(6) + "::)$";
+}
+
+const RegexDfa* format_dfa(const std::string& name) {
+  static const std::map<std::string, RegexDfa>* const dfas = [] {
+    const std::string dec = "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
+    const std::string label = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    const std::string atom = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+";
+    const std::pair<const char*, std::string> sources[] = {
+        {"duration", "^P(((\\d+D|\\d+M(\\d+D)?|\\d+Y(\\d+M(\\d+D)?)?)(T(\\d+H(\\d+M(\\d+S)?)?|\\d+M(\\d+S)?|\\d+S))?)"
+                     "|T(\\d+H(\\d+M(\\d+S)?)?|\\d+M(\\d+S)?|\\d+S)|\\d+W)$"},
+        {"ipv4", "^(" + dec + "\\.){3}" + dec + "$"},
+        {"ipv6", ipv6_regex()},
+        {"hostname", "^" + label + "(\\." + label + ")*$"},
+        {"email", "^" + atom + "(\\." + atom + ")*@" + label + "(\\." + label + ")+$"},
+    };
+    auto* out = new std::map<std::string, RegexDfa>;
+    for (const auto& [format, regex] : sources) {
+      Result<RegexDfa> dfa = RegexDfa::compile(regex);
+      if (dfa.ok()) out->emplace(format, std::move(dfa).value());  // tested: every one compiles
+    }
+    return out;
+  }();
+  const auto it = dfas->find(name);
+  return it == dfas->end() ? nullptr : &it->second;
+}
+
 }  // namespace
 
 Result<const njson*> JsonSchema::resolve(const njson& schema, const std::string& where) const {
@@ -253,6 +291,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     if (!f.is_string()) return invalid_argument(where + "format: expected a string");
     const std::string name = f.get<std::string>();
     node.format = name == "date" ? kDate : name == "time" ? kTime : name == "date-time" ? kDateTime : name == "uuid" ? kUuid : kNoFormat;
+    node.format_dfa = format_dfa(name);
   }
   if ((node.types & kString) && string_part && string_part->is_object() && string_part->contains("pattern")) {
     const njson& p = (*string_part)["pattern"];
@@ -357,7 +396,7 @@ bool SchemaPrefix::start_value(unsigned char c) {
     integer_only_ = int_bounded_ = false;
     length_ = min_length_ = 0;
     format_ = 0;
-    pattern_ = -1;
+    dfas_ = {};
     max_length_ = UINT32_MAX;
     free_ = JsonPrefix::any_value();
     if (!free_.feed(c)) return false;
@@ -412,8 +451,8 @@ bool SchemaPrefix::start_value(unsigned char c) {
   max_length_ = c == '"' ? node.max_length : UINT32_MAX;
   format_ = c == '"' ? node.format : 0;
   format_item_ = format_count_ = format_prev_ = 0;
-  pattern_ = c == '"' ? node.pattern : -1;
-  pattern_state_ = 0;
+  dfas_ = {c == '"' && node.pattern >= 0 ? &schema_->pattern(node.pattern) : nullptr, c == '"' ? node.format_dfa : nullptr};
+  dfa_states_ = {};
   free_ = JsonPrefix::any_value();
   if (!free_.feed(c)) return false;
   value_ = Value::kScalar;
@@ -439,16 +478,16 @@ bool SchemaPrefix::step(unsigned char c) {
         return false;
       }
     }
-    if (pattern_ >= 0) {  // every byte of the value (a backslash at a boundary would begin an escape: none)
-      const RegexDfa& re = schema_->pattern(pattern_);
+    for (size_t k = 0; k < dfas_.size(); ++k) {  // each byte of the value (a backslash would begin an escape: none)
+      if (!dfas_[k]) continue;
       if (boundary && c == '"') {
-        if (!re.accepting(pattern_state_)) return false;
+        if (!dfas_[k]->accepting(dfa_states_[k])) return false;
       } else if (boundary && c == '\\') {
         return false;
       } else {
-        const int32_t next = re.next(pattern_state_, c);
+        const int32_t next = dfas_[k]->next(dfa_states_[k], c);
         if (next == RegexDfa::kDead) return false;
-        pattern_state_ = next;
+        dfa_states_[k] = next;
       }
     }
     if (free_.feed(c)) {
