@@ -113,6 +113,13 @@ TEST_F(Backend, TheCpuExportPadsQweightRowsWhereItsKernelsReadThemFaster) {
     EXPECT_TRUE(zero_padding) << name;
   }
   EXPECT_EQ(padded, 6 * 2 + 1);  // gate_proj and up_proj of the 6 layers, lm_head
+  // `petrel inspect` says so.
+  auto inspected = run_command(cli() + " inspect " + path("cpu_bundle").string(), /*with_stderr=*/false);
+  ASSERT_EQ(inspected.exit_code, 0) << inspected.output;
+  EXPECT_NE(inspected.output.find("layouts:         padded_rows 13, plain "), std::string::npos) << inspected.output;
+  inspected = run_command(cli() + " inspect " + path("cuda_bundle").string(), /*with_stderr=*/false);
+  EXPECT_NE(inspected.output.find("layouts:         plain "), std::string::npos) << inspected.output;
+  EXPECT_EQ(inspected.output.find("padded_rows"), std::string::npos) << inspected.output;
 }
 
 // A padded_rows tensor whose attributes do not fit its bytes is refused with the tensor's name.

@@ -44,6 +44,11 @@ int run_inspect_bundle(const std::string& path) {
                 p.tensor_count, checksum_status_name(p.checksum), p.error.empty() ? "" : ": ", p.error.c_str());
   }
   std::printf("total:           %s in %zu tensors\n", human_bytes(summary->total_bytes()).c_str(), summary->total_tensors());
+  std::string layouts;  // "plain 173, padded_rows 13" (padded_rows: qweight rows padded for the CPU kernels)
+  for (const auto& [layout, count] : summary->total_layouts()) {
+    layouts += (layouts.empty() ? "" : ", ") + layout + " " + std::to_string(count);
+  }
+  if (!layouts.empty()) std::printf("layouts:         %s\n", layouts.c_str());
   for (const auto& problem : summary->problems) std::printf("problem:         %s\n", problem.c_str());
   if (!summary->ok()) {
     std::fprintf(stderr, "petrel inspect: error: invalid data: the bundle has problems (see above)\n");

@@ -105,6 +105,14 @@ size_t BundleSummary::total_tensors() const {
   return n;
 }
 
+std::map<std::string, size_t> BundleSummary::total_layouts() const {
+  std::map<std::string, size_t> n;
+  for (const BundlePartSummary& p : parts) {
+    for (const auto& [layout, count] : p.layouts) n[layout] += count;
+  }
+  return n;
+}
+
 Result<BundleSummary> inspect_bundle(const fs::path& config_json_or_dir, BundleVerify verify, ThreadPool* pool) {
   std::error_code ec;
   BundleSummary summary;
@@ -152,6 +160,7 @@ Result<BundleSummary> inspect_bundle(const fs::path& config_json_or_dir, BundleV
         s.part_index = part->part_index();
         s.part_count = part->part_count();
         s.tensor_count = part->tensors().size();
+        for (const BundleTensor& t : part->tensors()) ++s.layouts[t.layout];
         s.data_bytes = part->data_size();
         if (verify == BundleVerify::kFull) {
           Status data = part->verify_data(pool);

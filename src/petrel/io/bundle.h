@@ -61,6 +61,7 @@ struct BundlePartSummary {
   int part_index = 0;  // from the part's header; 0 when it could not be read
   int part_count = 0;
   size_t tensor_count = 0;
+  std::map<std::string, size_t> layouts;  // tensors per layout ("plain", "padded_rows", ...)
   uint64_t data_bytes = 0;
   ChecksumStatus checksum = ChecksumStatus::kNotChecked;
   std::string error;  // why the part is unusable (missing, malformed, checksum mismatch, wrong position)
@@ -76,6 +77,7 @@ struct BundleSummary {
   bool ok() const { return problems.empty(); }
   uint64_t total_bytes() const;
   size_t total_tensors() const;
+  std::map<std::string, size_t> total_layouts() const;
 };
 
 // Looks at everything and reports all problems instead of stopping at the first. Errors only when the path is
