@@ -100,7 +100,7 @@ Result<std::string> checkpoint_fingerprint(const fs::path& dir, const Safetensor
 // kernels read fastest (cpu::preferred_word_row_stride: rows + 64 for Llama's 4 KiB-multiple sizes, up to 27%
 // faster GEMVs); everything else, and everything of a CUDA bundle, as the checkpoint stores it.
 Status write_bundle_tensor(BundlePartWriter& writer, const TensorView& v, BundleBackend backend) {
-  const bool qweight = v.name.size() > 8 && v.name.ends_with(".qweight") && v.dtype == DType::kI32 && v.shape.size() == 2;
+  const bool qweight = v.name.ends_with(".qweight") && v.dtype == DType::kI32 && v.shape.size() == 2;
   const int64_t stride = qweight && backend == BundleBackend::kCpu ? cpu::preferred_word_row_stride(v.shape[1]) : 0;
   if (!qweight || stride == v.shape[1] || stride <= 0) {
     return writer.write_tensor(BundleTensorSpec::plain(v.name, v.dtype, v.shape), v.data);

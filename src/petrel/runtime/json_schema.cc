@@ -58,91 +58,11 @@ Status integer_bounds(const njson& part, const std::string& where, int64_t& lo, 
   return ok_status();
 }
 
-// String formats as sequences of items (a string's content must match one item after the other, whole).
-enum StringFormat : uint8_t { kNoFormat, kDate, kTime, kDateTime, kUuid };
-struct FormatItem {
-  enum Kind : uint8_t { kLiteral, kDigits, kHex, kField, kFractionOrZone, kEnd } kind;
-  char a = 0, b = 0;     // kLiteral: one of these bytes
-  uint8_t count = 0;     // kDigits, kHex: how many
-  uint8_t lo = 0, hi = 0;  // kField: two digits in [lo, hi]
-};
-constexpr FormatItem lit(char a, char b = 0) { return {FormatItem::kLiteral, a, b ? b : a, 0, 0, 0}; }
-constexpr FormatItem digits(uint8_t n) { return {FormatItem::kDigits, 0, 0, n, 0, 0}; }
-constexpr FormatItem hex(uint8_t n) { return {FormatItem::kHex, 0, 0, n, 0, 0}; }
-constexpr FormatItem field(uint8_t lo, uint8_t hi) { return {FormatItem::kField, 0, 0, 0, lo, hi}; }
-constexpr FormatItem kFracOrZone = {FormatItem::kFractionOrZone, 0, 0, 0, 0, 0};
-constexpr FormatItem kEndItem = {FormatItem::kEnd, 0, 0, 0, 0, 0};
-// RFC 3339: full-date, full-time (seconds up to 60, optional fraction, Z or an offset), date "T" time; uuid 8-4-4-4-12.
-constexpr FormatItem kDateItems[] = {digits(4), lit('-'), field(1, 12), lit('-'), field(1, 31), kEndItem};
-constexpr FormatItem kTimeItems[] = {field(0, 23), lit(':'), field(0, 59), lit(':'), field(0, 60), kFracOrZone,
-                                     field(0, 23), lit(':'), field(0, 59), kEndItem};
-constexpr FormatItem kDateTimeItems[] = {digits(4),    lit('-'),    field(1, 12), lit('-'),    field(1, 31), lit('T', 't'),
-                                         field(0, 23), lit(':'),    field(0, 59), lit(':'),    field(0, 60), kFracOrZone,
-                                         field(0, 23), lit(':'),    field(0, 59), kEndItem};
-constexpr FormatItem kUuidItems[] = {hex(8), lit('-'), hex(4), lit('-'), hex(4), lit('-'), hex(4), lit('-'), hex(12), kEndItem};
-
-const FormatItem* format_items(uint8_t format) {
-  switch (format) {
-    case kDate: return kDateItems;
-    case kTime: return kTimeItems;
-    case kDateTime: return kDateTimeItems;
-    case kUuid: return kUuidItems;
-    default: return nullptr;
-  }
-}
-
-bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-
-// Steps a format's shape by one byte of the string's content: item, count within it (kFractionOrZone: 0 before
-// anything, 1 after '.', 2 after a fraction digit), the previous digit of a field. False when the byte does not fit.
-bool format_step(uint8_t format, uint8_t& item, uint8_t& count, uint8_t& prev, unsigned char c) {
-  const FormatItem* items = format_items(format);
-  const FormatItem& it = items[item];
-  const auto next = [&] { ++item; count = 0; return true; };
-  switch (it.kind) {
-    case FormatItem::kLiteral:
-      return (c == static_cast<unsigned char>(it.a) || c == static_cast<unsigned char>(it.b)) && next();
-    case FormatItem::kDigits:
-    case FormatItem::kHex: {
-      const bool ok = is_digit(c) || (it.kind == FormatItem::kHex && ((c | 32) >= 'a' && (c | 32) <= 'f'));
-      if (!ok) return false;
-      return ++count == it.count ? next() : true;
-    }
-    case FormatItem::kField: {
-      if (!is_digit(c)) return false;
-      const int d = c - '0';
-      if (count == 0) {  // some second digit must bring the field into [lo, hi]
-        if (10 * d + 9 < it.lo || 10 * d > it.hi) return false;
-        prev = static_cast<uint8_t>(d);
-        count = 1;
-        return true;
-      }
-      const int v = 10 * prev + d;
-      return v >= it.lo && v <= it.hi && next();
-    }
-    case FormatItem::kFractionOrZone:
-      if (count == 1 || count == 2) {
-        if (is_digit(c)) return count = 2, true;
-        if (count == 1) return false;  // '.' needs a digit
-      } else if (c == '.') {
-        return count = 1, true;
-      }
-      if (c == 'Z' || c == 'z') {
-        while (items[item].kind != FormatItem::kEnd) ++item;
-        count = 0;
-        return true;
-      }
-      return (c == '+' || c == '-') && next();
-    case FormatItem::kEnd: return false;
-  }
-  return false;
-}
-
-bool format_complete(uint8_t format, uint8_t item) { return format_items(format)[item].kind == FormatItem::kEnd; }
-
-// The formats enforced through a regular expression (the rest of OpenAI strict mode's list), written from their
-// grammars: RFC 3339 appendix A (duration), RFC 3986 section 3.2.2 (IPv6address, dec-octet), RFC 1123 (host
-// labels), RFC 5322's dot-atom (email's local part). Compiled once, on first use.
+// The string formats enforced (OpenAI strict mode's list) as regular expressions written from their grammars:
+// RFC 3339 section 5.6 (full-date, full-time: seconds up to 60, an optional fraction, Z or an offset; fields in
+// range, not the calendar) and appendix A (duration), RFC 4122's 8-4-4-4-12 hex (uuid), RFC 3986 section 3.2.2
+// (IPv6address, dec-octet), RFC 1123 (host labels), RFC 5322's dot-atom (email's local part). Compiled once, on
+// first use; null for a format not enforced.
 std::string ipv6_regex() {
   const std::string h16 = "[0-9A-Fa-f]{1,4}", dec = "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
   const std::string v4 = "(" + dec + "\\.){3}" + dec, ls32 = "(" + h16 + ":" + h16 + "|" + v4 + ")";
@@ -158,7 +78,14 @@ const RegexDfa* format_dfa(const std::string& name) {
     const std::string dec = "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
     const std::string label = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
     const std::string atom = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+";
+    const std::string date = "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
+    const std::string time = "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
+    const std::string hex = "[0-9A-Fa-f]";
     const std::pair<const char*, std::string> sources[] = {
+        {"date", "^" + date + "$"},
+        {"time", "^" + time + "$"},
+        {"date-time", "^" + date + "[Tt]" + time + "$"},
+        {"uuid", "^" + hex + "{8}-" + hex + "{4}-" + hex + "{4}-" + hex + "{4}-" + hex + "{12}$"},
         {"duration", "^P(((\\d+D|\\d+M(\\d+D)?|\\d+Y(\\d+M(\\d+D)?)?)(T(\\d+H(\\d+M(\\d+S)?)?|\\d+M(\\d+S)?|\\d+S))?)"
                      "|T(\\d+H(\\d+M(\\d+S)?)?|\\d+M(\\d+S)?|\\d+S)|\\d+W)$"},
         {"ipv4", "^(" + dec + "\\.){3}" + dec + "$"},
@@ -290,8 +217,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     const njson& f = (*string_part)["format"];
     if (!f.is_string()) return invalid_argument(where + "format: expected a string");
     const std::string name = f.get<std::string>();
-    node.format = name == "date" ? kDate : name == "time" ? kTime : name == "date-time" ? kDateTime : name == "uuid" ? kUuid : kNoFormat;
-    node.format_dfa = format_dfa(name);
+    node.format = format_dfa(name);
   }
   if ((node.types & kString) && string_part && string_part->is_object() && string_part->contains("pattern")) {
     const njson& p = (*string_part)["pattern"];
@@ -395,7 +321,6 @@ bool SchemaPrefix::start_value(unsigned char c) {
   if (pending_node_ < 0) {  // array items with no schema: any value
     integer_only_ = int_bounded_ = false;
     length_ = min_length_ = 0;
-    format_ = 0;
     dfas_ = {};
     max_length_ = UINT32_MAX;
     free_ = JsonPrefix::any_value();
@@ -449,9 +374,7 @@ bool SchemaPrefix::start_value(unsigned char c) {
   length_ = 0;
   min_length_ = c == '"' ? node.min_length : 0;
   max_length_ = c == '"' ? node.max_length : UINT32_MAX;
-  format_ = c == '"' ? node.format : 0;
-  format_item_ = format_count_ = format_prev_ = 0;
-  dfas_ = {c == '"' && node.pattern >= 0 ? &schema_->pattern(node.pattern) : nullptr, c == '"' ? node.format_dfa : nullptr};
+  dfas_ = {c == '"' && node.pattern >= 0 ? &schema_->pattern(node.pattern) : nullptr, c == '"' ? node.format : nullptr};
   dfa_states_ = {};
   free_ = JsonPrefix::any_value();
   if (!free_.feed(c)) return false;
@@ -472,12 +395,6 @@ bool SchemaPrefix::step(unsigned char c) {
     const bool boundary = free_.in_plain_string();
     if (boundary && c == '"' && length_ < min_length_) return false;
     if (boundary && c != '"' && length_ >= max_length_) return false;
-    if (format_ != 0 && boundary) {  // the format's shape, byte by byte (a backslash fits none: no escapes)
-      if (c == '"' ? !format_complete(format_, format_item_)
-                   : !format_step(format_, format_item_, format_count_, format_prev_, c)) {
-        return false;
-      }
-    }
     for (size_t k = 0; k < dfas_.size(); ++k) {  // each byte of the value (a backslash would begin an escape: none)
       if (!dfas_[k]) continue;
       if (boundary && c == '"') {

@@ -17,7 +17,7 @@
 //    "uuid", "duration" (RFC 3339's ISO 8601 grammar), "ipv4" (dotted quad, no leading zeros), "ipv6" (RFC
 //    3986's grammar, no zone), "hostname" (RFC 1123 labels; the 253-character total is not checked), "email" (a
 //    dot-atom local part @ a hostname with a dot; no quoted local parts or address literals): OpenAI's strict mode's
-//    formats, as their exact shapes, without escapes; other formats are not enforced;
+//    formats, as their exact shapes (built-in patterns, json_schema.cc), without escapes; others are not enforced;
 //  - string "pattern": the ECMA-262 subset of regex_dfa.h, searched for in the value as JSON Schema says (anchor
 //    it with ^...$ for a whole match); the value is then written without escapes, so a pattern that needs a
 //    '"', a '\' or a control character cannot be met (the model is left no string to write);
@@ -64,9 +64,8 @@ class JsonSchema {
     uint32_t min_items = 0, max_items = UINT32_MAX;  // array: minItems, maxItems
     uint32_t min_length = 0, max_length = UINT32_MAX;  // string: minLength, maxLength
     int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integer: the bounds, inclusive
-    uint8_t format = 0;                     // string: a StringFormat (json_schema.cc), 0 none
     int32_t pattern = -1;                   // string: its "pattern" (JsonSchema::pattern), -1 none
-    const RegexDfa* format_dfa = nullptr;   // string: a format enforced by a regular expression (email, ...)
+    const RegexDfa* format = nullptr;       // string: its "format" as an automaton (json_schema.cc), null none
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
   };
 
@@ -103,7 +102,7 @@ class SchemaPrefix {
   // In a string value where any plain token may come (none can reach its maxLength).
   bool in_plain_string() const {
     return value_ == Value::kScalar && free_.in_plain_string() && max_length_ - length_ >= JsonTokenTable::kMaxPlainBytes &&
-           format_ == 0 && (!dfas_[0] || dfas_[0]->open(dfa_states_[0])) && (!dfas_[1] || dfas_[1]->open(dfa_states_[1]));
+           (!dfas_[0] || dfas_[0]->open(dfa_states_[0])) && (!dfas_[1] || dfas_[1]->open(dfa_states_[1]));
   }
 
  private:
@@ -145,8 +144,6 @@ class SchemaPrefix {
   bool integer_only_ = false;
   uint32_t length_ = 0;                                // a string value: its characters so far
   uint32_t min_length_ = 0, max_length_ = UINT32_MAX;  // and its bounds (none for other values)
-  // A string value with a format: which, and where in its shape (json_schema.cc's format_step).
-  uint8_t format_ = 0, format_item_ = 0, format_count_ = 0, format_prev_ = 0;
   // A string value's pattern and format automata (regex_dfa.h; null: none) and their states.
   std::array<const RegexDfa*, 2> dfas_{};
   std::array<int32_t, 2> dfa_states_{};
