@@ -33,13 +33,14 @@ Result<std::vector<int32_t>> parse_token_ids(const std::string& text, const std:
 }
 
 Result<std::shared_ptr<Engine>> load_engine(const std::string& model, const std::string& backend, int64_t context_length,
-                                            bool deterministic, int threads) {
+                                            bool deterministic, int threads, bool host_masks) {
   PETREL_ASSIGN_OR_RETURN(Backend parsed, parse_backend(backend));
   ThreadPool::set_global_threads(threads);
   EngineOptions options;
   options.backend = parsed;
   options.context_length = context_length;
   options.cuda_deterministic = deterministic;
+  options.cuda_host_masks = host_masks;
   return Engine::load(model, options);
 }
 

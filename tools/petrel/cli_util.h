@@ -16,9 +16,9 @@ namespace petrel::cli {
 Result<std::vector<int32_t>> parse_token_ids(const std::string& text, const std::string& what);
 
 // Loads a model for run-time commands (chat, serve, eval): --backend's name checked, the CPU thread pool sized
-// (threads 0: all cores), the GPU's KV cache for context_length positions, --deterministic.
+// (threads 0: all cores), the GPU's KV cache for context_length positions, --deterministic, serve's --host-masks.
 Result<std::shared_ptr<Engine>> load_engine(const std::string& model, const std::string& backend, int64_t context_length,
-                                            bool deterministic, int threads);
+                                            bool deterministic, int threads, bool host_masks = false);
 
 // Held-out text as tokens for perplexity-style evaluation (validate, eval ppl/kld): `text_path`, or when empty
 // the last `tail` of the shipped WikiText-2 corpus (quantize calibrates on the rest); tokenized with the model

@@ -30,14 +30,14 @@ struct ServeFlags {
   int64_t context_length = 4096, max_tokens = 0, default_max_tokens = 1024;
   double timeout_s = 600;
   size_t max_body_bytes = 4u << 20;
-  bool deterministic = false, quiet = false;
+  bool deterministic = false, quiet = false, host_masks = false;
   serve::ChatDefaults defaults;
 };
 
 int run_serve(const ServeFlags& f) {
   const char* cmd = "serve";
   std::fprintf(stderr, "petrel serve: loading %s\n", f.model.c_str());
-  auto engine = load_engine(f.model, f.backend, f.context_length, f.deterministic, f.threads);
+  auto engine = load_engine(f.model, f.backend, f.context_length, f.deterministic, f.threads, f.host_masks);
   if (!engine.ok()) return report_error(cmd, engine.status());
   auto generator = serve::EngineGenerator::create(*engine, f.context_length, kv_type_of(f.kv_type));
   if (!generator.ok()) return report_error(cmd, generator.status());
@@ -104,6 +104,9 @@ void add_serve_command(CLI::App& app, CliContext& ctx) {
   add_backend_option(cmd, f->backend);
   add_kv_type_option(cmd, f->kv_type);
   add_deterministic_option(cmd, f->deterministic);
+  cmd->add_flag("--host-masks", f->host_masks,
+                "cuda: apply constrained decoding's token masks (JSON mode, schemas, forced tool calls) on the host over "
+                "the whole vocabulary instead of on the GPU (slower; for comparison)");
   cmd->add_option("--context-length", f->context_length, "KV cache positions (the longest conversation)")->capture_default_str();
   cmd->add_option("--max-tokens", f->max_tokens, "The most tokens one request may generate (0: the context length)")->capture_default_str();
   cmd->add_option("--default-max-tokens", f->default_max_tokens, "Tokens generated when a request gives no max_tokens")->capture_default_str();

@@ -124,9 +124,8 @@ struct CudaModelOptions {
   bool time_steps = false;
   // Constrained decoding (JSON mode, structured outputs, forced tool calls) with greedy or top-k sampling through
   // decode_top_masked: the constraint's mask applied on the GPU, k logits to the host instead of the vocabulary.
-  // Off until its GPU test (CudaModel.MaskedTopLogitsAreTheLargestOfTheMaskedLogits) has run on a GPU: written
-  // in session 22 after the device time was spent (docs/PERFORMANCE.md).
-  bool constraint_mask_on_device = false;
+  // Off: the host masks the whole vocabulary's logits (EngineOptions::cuda_host_masks, `petrel serve --host-masks`).
+  bool constraint_mask_on_device = true;
   // Tokens per prompt-processor chunk. 0 or 1: prompts run token by token through the decode step (the
   // token generator's numerics exactly). Larger chunks use more scratch (gpu_memory_need says how much).
   int64_t prefill_chunk = 512;

@@ -107,6 +107,7 @@ Result<std::shared_ptr<Engine>> Engine::load(const fs::path& model_path, const E
     cuda_options.context_length = options.context_length;
     cuda_options.prefill_f16_weights = options.cuda_prefill_f16_weights;
     cuda_options.decode_atomic_reduce = !options.cuda_deterministic;
+    cuda_options.constraint_mask_on_device = !options.cuda_host_masks;
     auto gpu = CudaModel::create(*engine->model_, cuda_options);
     if (!gpu.ok()) return Status(gpu.status().code(), model_path.string() + " on the cuda backend: " + gpu.status().message());
     engine->cuda_ = std::move(gpu).value();

@@ -94,6 +94,9 @@ struct EngineOptions {
   // cuda: decode steps bitwise reproducible from run to run (CudaModelOptions::decode_atomic_reduce off: ~10%
   // slower generation); the CPU backend always is.
   bool cuda_deterministic = false;
+  // cuda: constrained decoding (JSON mode, schemas, forced tool calls) masks the whole vocabulary's logits on the
+  // host instead of on the GPU (CudaModelOptions::constraint_mask_on_device off): slower, for comparison.
+  bool cuda_host_masks = false;
   ModelLoadOptions model;
 };
 
