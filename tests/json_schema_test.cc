@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -285,9 +287,11 @@ TEST(JsonSchema, IntegersKeepToTheirBounds) {
       EXPECT_EQ(accepts(**schema, written), in(v, lo, hi)) << written;
     }
   }
-  for (const char* ok : {R"({"x":null})", R"({"f":-1.5e3})", R"({"big":99999999999999999999})", R"({"n":-0})", R"({"n":0})"}) {
+  for (const char* ok : {R"({"x":null})", R"({"f":1.5})", R"({"f":0.000000001})", R"({"big":99999999999999999999})", R"({"n":-0})", R"({"n":0})"}) {
     EXPECT_TRUE(accepts(**schema, ok)) << ok;
   }
+  // A bounded number: no exponent, at most JsonSchema::kMaxScale fraction digits.
+  for (const char* bad : {R"({"f":-1.5})", R"({"f":1e3})", R"({"f":0.0000000001})"}) EXPECT_FALSE(accepts(**schema, bad)) << bad;
   for (const auto& [prefix, next, allowed] : {std::tuple<const char*, char, bool>{R"({"n":-)", '6', false}, {R"({"n":-)", '5', true},
                                               {R"({"n":1)", '2', true}, {R"({"n":13)", '0', false}, {R"({"n":12)", '0', true},
                                               {R"({"big":)", '0', false}, {R"({"big":)", '9', true}, {R"({"x":)", '-', false},
@@ -299,6 +303,159 @@ TEST(JsonSchema, IntegersKeepToTheirBounds) {
   for (const auto& [bad, what] : {std::pair<const char*, const char*>{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": "1"}}})", "properties.a.minimum: expected a number"},
                                   {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}})", "properties.a.minimum: no integer"},
                                   {R"({"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}}})", "no integer"}}) {
+    auto refused = JsonSchema::compile(njson::parse(bad));
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find(what), std::string::npos) << refused.status().message();
+  }
+}
+
+// A JSON number's text as JSON Schema validators judge it against bounds and multipleOf, written here apart from
+// the automaton: the grammar by hand, the bounds on the nearest double (strtod), multipleOf in exact decimals;
+// plus petrel's subset (no exponent, at most `scale` fraction digits, none for integers).
+struct NumberSpec {
+  bool integer = false;
+  int scale = 0;                         // fraction digits the automaton writes at most
+  int64_t multiple = 0;                  // multipleOf = multiple / 10^multiple_scale; 0: none
+  int multiple_scale = 0;
+  double lo = -1e300, hi = 1e300;
+  bool lo_exclusive = false, hi_exclusive = false;
+};
+
+bool number_allowed(const std::string& s, const NumberSpec& spec) {
+  size_t i = s[0] == '-' ? 1 : 0;
+  const size_t int_start = i;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  const size_t int_digits = i - int_start;
+  if (int_digits == 0 || (int_digits > 1 && s[int_start] == '0')) return false;
+  size_t fraction = 0;
+  if (i < s.size() && s[i] == '.') {
+    const size_t f0 = ++i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    fraction = i - f0;
+    if (fraction == 0) return false;
+  }
+  if (i != s.size() || (spec.integer && fraction > 0) || static_cast<int>(fraction) > spec.scale) return false;
+  const double v = std::strtod(s.c_str(), nullptr);
+  if (spec.lo_exclusive ? !(v > spec.lo) : !(v >= spec.lo)) return false;
+  if (spec.hi_exclusive ? !(v < spec.hi) : !(v <= spec.hi)) return false;
+  if (spec.multiple == 0) return true;
+  // value / multipleOf = (D / 10^f) / (m / 10^k) = D * 10^k / (m * 10^f), D all the digits
+  __int128 d = 0, num_scale = 1, den = spec.multiple;
+  for (char c : s) {
+    if (std::isdigit(static_cast<unsigned char>(c))) d = d * 10 + (c - '0');
+  }
+  for (int k = 0; k < spec.multiple_scale; ++k) num_scale *= 10;
+  for (size_t k = 0; k < fraction; ++k) den *= 10;
+  return d * num_scale % den == 0;
+}
+
+// minimum / maximum / exclusive bounds and multipleOf on integers and numbers: every text of up to 5 characters
+// over "-0123456789." accepted as a value exactly when a validator allows it, and as a prefix exactly when some
+// allowed text begins with it (the allowed texts enumerated from the bounds); the bounds compared as doubles
+// (0.29 <= maximum 0.29), multipleOf in exact decimals (0.3 is a multiple of 0.1, which a float quotient misses).
+TEST(JsonSchema, NumbersKeepToBoundsAndMultiples) {
+  struct Case {
+    const char* schema;
+    NumberSpec spec;
+  };
+  const Case cases[] = {
+      {R"({"type": "integer", "minimum": -50, "maximum": 50, "multipleOf": 3})", {true, 0, 3, 0, -50, 50}},
+      {R"({"type": "number", "minimum": -2.5, "maximum": 7.25, "multipleOf": 0.25})", {false, 2, 25, 2, -2.5, 7.25}},
+      {R"({"type": "number", "exclusiveMinimum": -1, "exclusiveMaximum": 12, "multipleOf": 5})", {false, 0, 5, 0, -1, 12, true, true}},
+      {R"({"type": "integer", "minimum": 2.5, "maximum": 40, "multipleOf": 0.5})", {true, 0, 5, 1, 2.5, 40}},
+      {R"({"type": "number", "minimum": 0.29, "maximum": 0.31, "multipleOf": 0.01})", {false, 2, 1, 2, 0.29, 0.31}},
+      {R"({"type": "number", "minimum": 0.1, "maximum": 0.7, "multipleOf": 0.1})", {false, 1, 1, 1, 0.1, 0.7}},
+      {R"({"type": ["number", "null"], "minimum": -0.5, "exclusiveMaximum": 0.75})", {false, JsonSchema::kMaxScale, 0, 0, -0.5, 0.75, false, true}},
+      {R"({"type": "number", "exclusiveMinimum": 0, "maximum": 3, "multipleOf": 1.5e-1})", {false, 2, 15, 2, 0, 3, true, false}},
+  };
+  const std::string alphabet = "-0123456789.";
+  for (const Case& c : cases) {
+    auto schema = JsonSchema::compile(njson::parse(std::string(R"({"type": "object", "properties": {"v": )") + c.schema + "}}"));
+    ASSERT_TRUE(schema.ok()) << c.schema << ": " << schema.status().to_string();
+    // The allowed texts with at most 4 fraction digits (a witness for every live prefix of up to 5 characters).
+    const int gen_scale = std::min(c.spec.scale, 4);
+    double p = 1;
+    for (int k = 0; k < gen_scale; ++k) p *= 10;
+    std::set<std::string> prefixes;
+    const auto add = [&](const std::string& text) {
+      if (!number_allowed(text, c.spec)) return;
+      for (size_t n = 1; n <= text.size(); ++n) prefixes.insert(text.substr(0, n));
+    };
+    for (int64_t n = static_cast<int64_t>(std::floor(c.spec.lo - 1) * p); n <= static_cast<int64_t>(std::ceil(c.spec.hi + 1) * p); ++n) {
+      const int64_t magnitude = n < 0 ? -n : n;
+      const std::string int_part = std::to_string(magnitude / static_cast<int64_t>(p));
+      std::string frac = gen_scale == 0 ? "" : std::to_string(magnitude % static_cast<int64_t>(p));
+      frac = std::string(static_cast<size_t>(gen_scale) - frac.size(), '0') + frac;
+      for (int f = 0; f <= gen_scale; ++f) {
+        const std::string body = f == 0 ? int_part : int_part + "." + frac.substr(0, static_cast<size_t>(f));
+        if (f < gen_scale && frac.substr(static_cast<size_t>(f)).find_first_not_of('0') != std::string::npos) continue;
+        add(body);
+        add("-" + body);  // -0 forms too
+      }
+    }
+    SchemaPrefix start(schema->get());
+    ASSERT_TRUE(start.feed(std::string_view(R"({"v":)")));
+    std::string s;
+    std::function<void(SchemaPrefix)> walk = [&](SchemaPrefix state) {
+      for (char ch : alphabet) {
+        s.push_back(ch);
+        SchemaPrefix next = state;
+        const bool live = next.feed(static_cast<unsigned char>(ch));
+        ASSERT_EQ(live, prefixes.count(s) > 0) << c.schema << ": prefix " << s;
+        if (live) {
+          SchemaPrefix closed = next;
+          EXPECT_EQ(closed.feed('}') && closed.complete(), number_allowed(s, c.spec)) << c.schema << ": value " << s;
+          if (s.size() < 5) walk(next);
+        }
+        s.pop_back();
+      }
+    };
+    walk(start);
+  }
+}
+
+// One-sided bounds and values past every bound: random integers judged as a validator does, and every prefix of
+// an allowed one (up to 60 digits) live.
+TEST(JsonSchema, LongNumbersKeepToOneSidedBoundsAndMultiples) {
+  auto schema = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"i": {"type": "integer", "minimum": 1000, "multipleOf": 7},
+          "n": {"type": "number", "maximum": -2.5, "multipleOf": 0.5}, "cents": {"type": "number", "multipleOf": 0.01},
+          "whole": {"type": "number", "multipleOf": 1}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().to_string();
+  std::mt19937_64 rng(29);
+  const auto mod = [](const std::string& digits, int m) {
+    int r = 0;
+    for (char c : digits) r = (r * 10 + (c - '0')) % m;
+    return r;
+  };
+  for (int trial = 0; trial < 4000; ++trial) {
+    const size_t length = 1 + rng() % 60;
+    std::string digits(1, static_cast<char>('1' + rng() % 9));
+    while (digits.size() < length) digits.push_back(static_cast<char>('0' + rng() % 10));
+    const bool negative = rng() % 2;
+    const std::string text = (negative ? "-" : "") + digits;
+    const bool big = length > 4 || std::stoi(digits) >= 1000;
+    const bool i_ok = !negative && big && mod(digits, 7) == 0;
+    EXPECT_EQ(accepts(**schema, R"({"i":)" + text + "}"), i_ok) << text;
+    // n <= -2.5 and a multiple of 0.5: -3, -2.5, -1000.5, ...; written with at most one fraction digit.
+    const std::string half = text + (rng() % 2 ? ".5" : ".0");
+    const bool n_ok = negative && (length > 1 || digits[0] >= '3' || (digits[0] == '2' && half.back() == '5'));
+    EXPECT_EQ(accepts(**schema, R"({"n":)" + half + "}"), n_ok) << half;
+    if (i_ok) {
+      SchemaPrefix state(schema->get());
+      ASSERT_TRUE(state.feed(std::string_view(R"({"i":)")));
+      for (char c : text) ASSERT_TRUE(state.feed(static_cast<unsigned char>(c))) << text;
+    }
+  }
+  // multipleOf alone: the places it has, no more (and no exponent).
+  for (const auto& [text, ok] : {std::pair<const char*, bool>{R"({"cents":12.34})", true}, {R"({"cents":-0.5})", true}, {R"({"cents":7})", true},
+                                 {R"({"cents":1.234})", false}, {R"({"cents":1e2})", false}, {R"({"whole":-12})", true}, {R"({"whole":1.0})", false}}) {
+    EXPECT_EQ(accepts(**schema, text), ok) << text;
+  }
+  for (const auto& [bad, what] : {std::pair<const char*, const char*>{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0}}})", "properties.a.multipleOf: expected a number greater than 0"},
+                                  {R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": "2"}}})", "properties.a.multipleOf: expected a number"},
+                                  {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5}}})", "properties.a.multipleOf: no multiple of 5"},
+                                  {R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0.11, "maximum": 0.19, "multipleOf": 0.1}}})", "no multiple of 0.1"}}) {
     auto refused = JsonSchema::compile(njson::parse(bad));
     ASSERT_FALSE(refused.ok()) << bad;
     EXPECT_NE(refused.status().message().find(what), std::string::npos) << refused.status().message();

@@ -145,8 +145,10 @@ def main():
                                                    "ok": {"type": "boolean"}, "pet": {"enum": ["cat", "dog", None]},
                                                    "nick": {"type": "string", "minLength": 1, "maxLength": 4},
                                                    "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"},
+                                                   "score": {"type": "number", "minimum": -1, "exclusiveMaximum": 2.5, "multipleOf": 0.25},
+                                                   "count": {"type": "integer", "maximum": 50, "multipleOf": 5},
                                                    "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}},
-                  "required": ["name", "age", "code"]}
+                  "required": ["name", "age", "code", "score"]}
         try:
             import jsonschema
         except ImportError:

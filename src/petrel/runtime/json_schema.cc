@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <cmath>
+#include <cstdlib>
+#include <numeric>
 
 #include "petrel/runtime/token_mask.h"
 
@@ -34,27 +36,137 @@ Result<std::string> literal_text(const njson& v, const std::string& where) {
   return v.dump();
 }
 
-// An integer schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; draft 4's boolean
-// exclusiveMinimum/Maximum too) as inclusive integer bounds.
-Status integer_bounds(const njson& part, const std::string& where, int64_t& lo, int64_t& hi) {
-  constexpr double kLimit = 9.2e18;  // inside int64: bounds beyond it change nothing
+using i128 = __int128;
+constexpr i128 kNoBound = JsonSchema::kNoBound;
+
+// 10^j, saturating at kNoBound (10^37).
+constexpr std::array<i128, 38> kPowers10 = [] {
+  std::array<i128, 38> p{};
+  p[0] = 1;
+  for (size_t i = 1; i < p.size(); ++i) p[i] = p[i - 1] * 10;
+  return p;
+}();
+i128 pow10_saturating(int j) { return j >= 37 ? kNoBound : kPowers10[static_cast<size_t>(j)]; }
+
+std::string i128_text(i128 v) {
+  if (v == 0) return "0";
+  std::string out;
+  const bool negative = v < 0;
+  for (; v != 0; v /= 10) out.push_back(static_cast<char>('0' + static_cast<int>(negative ? -(v % 10) : v % 10)));
+  if (negative) out.push_back('-');
+  return {out.rbegin(), out.rend()};
+}
+
+// N / 10^scale as a JSON Schema validator reads the decimal it writes: the nearest double.
+double scaled_value(i128 n, int scale) { return std::strtod((i128_text(n) + "e-" + std::to_string(scale)).c_str(), nullptr); }
+
+// A bound as the smallest (lower) or largest (upper) N whose N / 10^scale keeps to it; kNoBound-signed "none" for
+// a bound past what is enforced (|bound| * 10^scale > 10^27).
+i128 scaled_bound(double bound, bool exclusive, bool lower, int scale) {
+  const long double scaled = static_cast<long double>(bound) * static_cast<long double>(pow10_saturating(scale));
+  if (!(std::fabs(scaled) <= 1e27L)) return lower ? -kNoBound : kNoBound;
+  const auto keeps = [&](i128 n) {
+    const double v = scaled_value(n, scale);
+    return lower ? (exclusive ? v > bound : v >= bound) : (exclusive ? v < bound : v <= bound);
+  };
+  i128 n = static_cast<i128>(lower ? std::ceil(scaled) : std::floor(scaled));
+  if (lower) {
+    while (keeps(n - 1)) --n;
+    while (!keeps(n)) ++n;
+  } else {
+    while (keeps(n + 1)) ++n;
+    while (!keeps(n)) --n;
+  }
+  return n;
+}
+
+// A multiple of m in [lo, hi]?
+bool has_multiple(i128 lo, i128 hi, i128 m) {
+  if (lo > hi) return false;
+  i128 q = lo / m;
+  if (q * m < lo) ++q;
+  return q * m <= hi;
+}
+
+// A number or integer schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; draft 4's boolean
+// exclusiveMinimum/Maximum too) and multipleOf, as JsonSchema::Node's scaled-integer constraint.
+Status numeric_constraint(const njson& part, bool integer_only, const std::string& where, JsonSchema::Node& node) {
   const auto number = [&](const char* key, double& v) -> Result<bool> {
     if (!part.contains(key) || part[key].is_boolean()) return false;
     if (!part[key].is_number()) return invalid_argument(where + key + ": expected a number");
-    v = std::clamp(part[key].get<double>(), -kLimit, kLimit);
+    v = part[key].get<double>();
+    if (!std::isfinite(v)) return invalid_argument(where + key + ": expected a finite number");
     return true;
   };
   const auto flag = [&](const char* key) { return part.contains(key) && part[key].is_boolean() && part[key].get<bool>(); };
-  double v = 0;
-  PETREL_ASSIGN_OR_RETURN(bool has_min, number("minimum", v));
-  if (has_min) lo = std::max(lo, static_cast<int64_t>(flag("exclusiveMinimum") ? std::floor(v) + 1 : std::ceil(v)));
-  PETREL_ASSIGN_OR_RETURN(bool has_max, number("maximum", v));
-  if (has_max) hi = std::min(hi, static_cast<int64_t>(flag("exclusiveMaximum") ? std::ceil(v) - 1 : std::floor(v)));
-  PETREL_ASSIGN_OR_RETURN(bool has_xmin, number("exclusiveMinimum", v));
-  if (has_xmin) lo = std::max(lo, static_cast<int64_t>(std::floor(v) + 1));
-  PETREL_ASSIGN_OR_RETURN(bool has_xmax, number("exclusiveMaximum", v));
-  if (has_xmax) hi = std::min(hi, static_cast<int64_t>(std::ceil(v) - 1));
-  if (lo > hi) return invalid_argument(where + "minimum: no integer lies between the bounds");
+  // multipleOf as digits * 10^-scale, from its shortest decimal text.
+  int64_t multiple = 1;
+  int scale = integer_only ? 0 : -1;  // -1: no multipleOf yet
+  bool multiple_enforced = false;
+  if (part.contains("multipleOf")) {
+    double m = 0;
+    PETREL_ASSIGN_OR_RETURN(bool has, number("multipleOf", m));
+    if (!has || !(m > 0)) return invalid_argument(where + "multipleOf: expected a number greater than 0");
+    const std::string text = part["multipleOf"].dump();
+    std::string digits;
+    int exponent = 0, fraction = 0;
+    bool dot = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const char c = text[i];
+      if (c >= '0' && c <= '9') {
+        digits.push_back(c);
+        if (dot) ++fraction;
+      } else if (c == '.') {
+        dot = true;
+      } else if (c == 'e' || c == 'E') {
+        exponent = std::atoi(text.c_str() + i + 1);
+        break;
+      }
+    }
+    digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
+    int k = fraction - exponent;
+    while (k < 0 && digits.size() < 19) {
+      digits.push_back('0');
+      ++k;
+    }
+    while (k > 0 && digits.size() > 1 && digits.back() == '0') {
+      digits.pop_back();
+      --k;
+    }
+    if (!digits.empty() && digits.size() <= 18 && k >= 0 && k <= JsonSchema::kMaxScale) {
+      multiple_enforced = true;
+      multiple = std::stoll(digits);
+      if (integer_only) {  // an integer v with v * 10^k a multiple of `multiple`
+        for (int i = 0; i < k; ++i) multiple /= std::gcd(multiple, int64_t{10});
+      } else {
+        scale = k;
+      }
+    }  // else not enforced (header)
+  }
+  double lo = 0, hi = 0;
+  PETREL_ASSIGN_OR_RETURN(bool has_min, number("minimum", lo));
+  PETREL_ASSIGN_OR_RETURN(bool has_max, number("maximum", hi));
+  double xlo = 0, xhi = 0;
+  PETREL_ASSIGN_OR_RETURN(bool has_xmin, number("exclusiveMinimum", xlo));
+  PETREL_ASSIGN_OR_RETURN(bool has_xmax, number("exclusiveMaximum", xhi));
+  if (!has_min && !has_max && !has_xmin && !has_xmax && (!multiple_enforced || (integer_only && multiple == 1))) return ok_status();
+  if (scale < 0) scale = JsonSchema::kMaxScale;
+  i128 min_n = -kNoBound, max_n = kNoBound;
+  if (has_min) min_n = std::max(min_n, scaled_bound(lo, flag("exclusiveMinimum"), true, scale));
+  if (has_xmin) min_n = std::max(min_n, scaled_bound(xlo, true, true, scale));
+  if (has_max) max_n = std::min(max_n, scaled_bound(hi, flag("exclusiveMaximum"), false, scale));
+  if (has_xmax) max_n = std::min(max_n, scaled_bound(xhi, true, false, scale));
+  const char* what = integer_only || scale == 0 ? "integer" : "number";
+  // Bounds that no value meets, or none that is a multiple (for a number, the multiple's places are its scale).
+  if (min_n > max_n && !(multiple_enforced && !integer_only)) return invalid_argument(where + "minimum: no " + what + " lies between the bounds");
+  if (multiple_enforced && min_n > -kNoBound && max_n < kNoBound && !has_multiple(min_n, max_n, multiple)) {
+    return invalid_argument(where + "multipleOf: no multiple of " + part["multipleOf"].dump() + " lies between the bounds");
+  }
+  node.numeric = true;
+  node.scale = static_cast<uint8_t>(scale);
+  node.multiple = multiple;
+  node.min_scaled = min_n;
+  node.max_scaled = max_n;
   return ok_status();
 }
 
@@ -174,6 +286,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   const njson* array_part = nullptr;
   const njson* string_part = nullptr;
   const njson* integer_part = nullptr;
+  int numeric_parts = 0;
   for (const njson* part : parts) {
     uint8_t types = 0;
     if (part->is_object() && part->contains("type")) {
@@ -196,7 +309,10 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     if (types & kObject) object_part = part;
     if (types & kArray) array_part = part;
     if (types & kString) string_part = part;
-    if (types & kInteger) integer_part = part;
+    if (types & kInteger) {
+      integer_part = part;
+      ++numeric_parts;  // several numeric branches: their bounds are not enforced (one automaton state)
+    }
   }
   // minItems/maxItems, minLength/maxLength: non-negative integer bounds, the lower at most the upper.
   const auto bounds = [&](const njson* part, const char* low, const char* high, uint32_t& lo, uint32_t& hi) -> Status {
@@ -234,8 +350,8 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     patterns_.push_back(std::move(dfa).value());
     node.pattern = static_cast<int32_t>(patterns_.size() - 1);
   }
-  if ((node.types & (kNumber | kInteger)) == kInteger && integer_part && integer_part->is_object()) {
-    PETREL_RETURN_IF_ERROR(integer_bounds(*integer_part, where, node.min_int, node.max_int));
+  if (integer_part && numeric_parts == 1 && integer_part->is_object()) {
+    PETREL_RETURN_IF_ERROR(numeric_constraint(*integer_part, (node.types & kNumber) == 0, where, node));
   }
   if ((node.types & kObject) && object_part) {
     const njson& o = *object_part;
@@ -319,7 +435,8 @@ bool SchemaPrefix::value_done() {
 
 bool SchemaPrefix::start_value(unsigned char c) {
   if (pending_node_ < 0) {  // array items with no schema: any value
-    integer_only_ = int_bounded_ = false;
+    integer_only_ = false;
+    numeric_ = nullptr;
     length_ = min_length_ = 0;
     dfas_ = {};
     max_length_ = UINT32_MAX;
@@ -361,15 +478,14 @@ bool SchemaPrefix::start_value(unsigned char c) {
   else return false;
   if (!(node.types & need)) return false;
   integer_only_ = (node.types & (JsonSchema::kNumber | JsonSchema::kInteger)) == JsonSchema::kInteger;
-  int_bounded_ = integer_only_ && need == JsonSchema::kInteger && (node.min_int != INT64_MIN || node.max_int != INT64_MAX);
-  if (int_bounded_) {
-    min_int_ = node.min_int;
-    max_int_ = node.max_int;
+  numeric_ = need == JsonSchema::kInteger && node.numeric ? &node : nullptr;
+  if (numeric_) {
     negative_ = c == '-';
-    digits_ = 0;
+    fraction_ = false;
+    digits_ = fraction_digits_ = 0;
     magnitude_ = 0;
-    if (!negative_ && !take_digit(c)) return false;
-    if (negative_ && !int_reachable()) return false;
+    remainder_ = 0;
+    if (negative_ ? !number_reachable() : !number_byte(c)) return false;
   }
   length_ = 0;
   min_length_ = c == '"' ? node.min_length : 0;
@@ -387,9 +503,9 @@ bool SchemaPrefix::step(unsigned char c) {
   if (done_) return false;
   if (value_ == Value::kScalar) {
     if (integer_only_ && free_.in_number() && (c == '.' || c == 'e' || c == 'E')) return false;
-    if (int_bounded_ && free_.in_number()) {  // feed() restores the state when this refuses the byte
-      if (c >= '0' && c <= '9') return take_digit(c) && free_.feed(c);
-      if (!int_in_bounds()) return false;  // any other byte ends the number (or is refused below)
+    if (numeric_ && free_.in_number()) {  // feed() restores the state when this refuses the byte
+      if ((c >= '0' && c <= '9') || c == '.') return number_byte(c) && free_.feed(c);
+      if (c == 'e' || c == 'E' || !number_complete()) return false;  // any other byte ends the number (or is refused below)
     }
     // A string's length: a byte other than the closing quote at a character boundary begins a character.
     const bool boundary = free_.in_plain_string();
@@ -537,41 +653,65 @@ bool SchemaPrefix::step(unsigned char c) {
   }
 }
 
-namespace {
-constexpr __int128 kHuge = static_cast<__int128>(1) << 100;  // a magnitude past every int64 bound
-// The bounds with the int64 extremes as "none" (JSON integers have no size limit).
-__int128 lower(int64_t min_int) { return min_int == INT64_MIN ? -2 * kHuge : min_int; }
-__int128 upper(int64_t max_int) { return max_int == INT64_MAX ? 2 * kHuge : max_int; }
-}  // namespace
-
-bool SchemaPrefix::take_digit(unsigned char c) {
-  magnitude_ = std::min<__int128>(kHuge, magnitude_ * 10 + (c - '0'));
-  ++digits_;
-  return int_reachable();
+bool SchemaPrefix::number_byte(unsigned char c) {
+  const JsonSchema::Node& n = *numeric_;
+  if (c == '.') {
+    if (fraction_ || n.scale == 0) return false;
+    fraction_ = true;
+    return number_reachable();
+  }
+  if (fraction_ && fraction_digits_ >= n.scale) return false;
+  const int d = c - '0';
+  magnitude_ = std::min(kNoBound, magnitude_ * 10 + d);
+  remainder_ = static_cast<int64_t>((static_cast<i128>(remainder_) * 10 + d) % n.multiple);
+  if (fraction_) ++fraction_digits_;
+  else if (digits_ < UINT32_MAX) ++digits_;
+  return number_reachable();
 }
 
-bool SchemaPrefix::int_in_bounds() const {
-  const __int128 v = negative_ ? -magnitude_ : magnitude_;
-  return digits_ > 0 && v >= lower(min_int_) && v <= upper(max_int_);
+bool SchemaPrefix::number_complete() const {
+  if (digits_ == 0 || (fraction_ && fraction_digits_ == 0)) return false;
+  return number_reaches(numeric_->scale - static_cast<int>(fraction_digits_), false);
 }
 
-bool SchemaPrefix::int_reachable() const {
-  // With k more digits the magnitude lies in [m * 10^k, (m + 1) * 10^k - 1]; a leading 0 takes no more digits,
-  // a lone '-' at least one.
-  const bool ends_here = digits_ > 0, grows = !(digits_ == 1 && magnitude_ == 0);
-  __int128 low = magnitude_, span = 1;
-  for (int k = ends_here ? 0 : 1; k <= 20; ++k) {
-    if (k > 0) {
-      if (!grows) break;
-      low = std::min(kHuge, low * 10);
-      span *= 10;
-    }
-    const __int128 high = low + span - 1;
-    const __int128 v_lo = negative_ ? -high : low, v_hi = negative_ ? -low : high;
-    if (v_hi >= lower(min_int_) && v_lo <= upper(max_int_)) return true;
-    if (low >= kHuge) break;
+bool SchemaPrefix::number_reachable() const {
+  const int scale = numeric_->scale;
+  // In the fraction: the digits still to come fill the last scale - f places of N.
+  if (fraction_) return number_reaches(scale - static_cast<int>(fraction_digits_), true);
+  // In the integer part: e more integer digits (then any fraction) put N in [M * 10^(e+scale), (M+1) * 10^(e+scale));
+  // a leading 0 takes no more digits, a lone '-' at least one.
+  const bool grows = !(digits_ == 1 && magnitude_ == 0);
+  const i128 hi_m = negative_ ? -numeric_->min_scaled : numeric_->max_scaled;  // the magnitude's bound
+  for (int e = digits_ > 0 ? 0 : 1; e <= 40; ++e) {
+    if (e > 0 && !grows) break;
+    if (number_reaches(scale + e, true)) return true;
+    if (magnitude_ > 0 && hi_m < kNoBound && magnitude_ * pow10_saturating(scale + e) > hi_m) break;  // only larger
   }
   return false;
+}
+
+bool SchemaPrefix::number_reaches(int j, bool range) const {
+  const JsonSchema::Node& n = *numeric_;
+  const i128 m = n.multiple;
+  const i128 width = range ? pow10_saturating(j) : 1;  // kNoBound: wider than every bound
+  const i128 p = pow10_saturating(j);
+  const i128 low = magnitude_ == 0 ? 0 : (magnitude_ >= kNoBound || p >= kNoBound || magnitude_ > kNoBound / p) ? kNoBound : std::min(kNoBound, magnitude_ * p);
+  // The bounds on the magnitude for this sign; magnitudes past kNoBound are allowed when that side has no bound.
+  const i128 lo_m = std::max<i128>(0, negative_ ? -n.max_scaled : n.min_scaled);
+  const i128 hi_m = negative_ ? -n.min_scaled : n.max_scaled;
+  const bool beyond = hi_m >= kNoBound;
+  if (low < kNoBound) {
+    const i128 high = width >= kNoBound ? kNoBound : low + width - 1;  // exact: both below 10^37
+    if (has_multiple(std::max(low, lo_m), std::min({high, hi_m, kNoBound - 1}), m)) return true;
+    if (!beyond || high < kNoBound) return false;
+    return width >= kNoBound || has_multiple(kNoBound, high, m);
+  }
+  // Past every bound, only the remainder tells: the magnitudes begin at digits * 10^j, whose remainder is known.
+  if (!beyond) return false;
+  if (width >= m) return true;
+  i128 r = remainder_;
+  for (int i = 0; i < j; ++i) r = r * 10 % m;
+  return (m - r) % m < width;
 }
 
 bool SchemaPrefix::feed(unsigned char c) { return feed_byte_restoring(*this, c); }

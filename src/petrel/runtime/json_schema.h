@@ -21,13 +21,17 @@
 //  - string "pattern": the ECMA-262 subset of regex_dfa.h, searched for in the value as JSON Schema says (anchor
 //    it with ^...$ for a whole match); the value is then written without escapes, so a pattern that needs a
 //    '"', a '\' or a control character cannot be met (the model is left no string to write);
-//  - integer: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (a digit that no integer in range can
-//    begin with is refused where it comes; not for "number", whose fractions and exponents are left free);
+//  - integer and number: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (draft 4's booleans too),
+//    "multipleOf" (a finite decimal with at most 9 fraction digits, in exact decimal arithmetic: 0.3 is a multiple
+//    of 0.1): a digit that no allowed value can begin with is refused where it comes. Such a number is written
+//    without an exponent, with at most as many fraction digits as multipleOf has (9 without a multipleOf); a
+//    bound is compared as validators do (the value read as a double) and is enforced up to 10^27 for integers
+//    and values of integral multipleOf, 10^27 / 10^scale otherwise (beyond, that bound is left free);
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
 //  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union;
 //  - "$ref" to any place of the same document ("#", "#/$defs/Name", "#/definitions/Name": what pydantic and
 //    zod write), recursive ones included; "allOf" of one schema (pydantic v1's wrapper of a $ref) as that schema.
-// Anything else that constrains (allOf of several, not, other formats, multipleOf, ...) is not enforced: the value
+// Anything else that constrains (allOf of several, not, other formats, ...) is not enforced: the value
 // is only checked to be valid JSON of the allowed types. Keys come out in any order, each at most once, and an
 // object closes only when its required keys are there. The root must be an object. A recursive schema's values
 // nest at most SchemaPrefix::kMaxDepth deep: past that, only a branch that is not an object or array is taken.
@@ -54,6 +58,14 @@ class JsonSchema {
     kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32, kNull = 64,
     kAnyType = 127,
   };
+  // Past every bound a numeric Node enforces (|bound| * 10^scale <= 10^27), and where SchemaPrefix's magnitudes
+  // saturate.
+  static constexpr __int128 kNoBound = [] {
+    __int128 p = 1;
+    for (int i = 0; i < 37; ++i) p *= 10;
+    return p;
+  }();
+  static constexpr int kMaxScale = 9;  // a number's fraction digits when it has bounds but no multipleOf
   struct Node {
     uint8_t types = kAnyType;
     bool any_object = false;                // an object with no properties: any keys and values
@@ -63,7 +75,13 @@ class JsonSchema {
     int32_t items = -1;                     // array: the items' schema, -1 any
     uint32_t min_items = 0, max_items = UINT32_MAX;  // array: minItems, maxItems
     uint32_t min_length = 0, max_length = UINT32_MAX;  // string: minLength, maxLength
-    int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integer: the bounds, inclusive
+    // integer, number: when `numeric`, the value is N / 10^scale for an integer N (written with at most `scale`
+    // fraction digits, none at 0, and no exponent) with min_scaled <= N <= max_scaled (kNoBound: none) and N a
+    // multiple of `multiple`.
+    bool numeric = false;
+    uint8_t scale = 0;
+    int64_t multiple = 1;
+    __int128 min_scaled = -kNoBound, max_scaled = kNoBound;
     int32_t pattern = -1;                   // string: its "pattern" (JsonSchema::pattern), -1 none
     const RegexDfa* format = nullptr;       // string: its "format" as an automaton (json_schema.cc), null none
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
@@ -147,14 +165,18 @@ class SchemaPrefix {
   // A string value's pattern and format automata (regex_dfa.h; null: none) and their states.
   std::array<const RegexDfa*, 2> dfas_{};
   std::array<int32_t, 2> dfa_states_{};
-  // A bounded integer value: its sign and digits so far (the magnitude saturating far above any int64).
-  bool int_bounded_ = false, negative_ = false;
-  uint8_t digits_ = 0;
+  // A checked number (JsonSchema::Node::numeric; null: none): its sign, integer and fraction digits so far, all its
+  // digits as one integer (saturating at JsonSchema::kNoBound) and that integer modulo the node's multiple.
+  const JsonSchema::Node* numeric_ = nullptr;
+  bool negative_ = false, fraction_ = false;
+  uint32_t digits_ = 0, fraction_digits_ = 0;
   __int128 magnitude_ = 0;
-  int64_t min_int_ = INT64_MIN, max_int_ = INT64_MAX;
-  bool int_reachable() const;  // some integer beginning this way (or this one) is within the bounds
-  bool int_in_bounds() const;  // the integer as written is
-  bool take_digit(unsigned char c);
+  int64_t remainder_ = 0;
+  bool number_byte(unsigned char c);  // a digit or '.': false when no allowed value begins this way
+  bool number_reachable() const;      // some allowed value begins with what is written (or is it)
+  bool number_complete() const;       // what is written is an allowed value
+  // Some magnitude in [digits * 10^j, digits * 10^j + (range ? 10^j - 1 : 0)] is allowed (digits: magnitude_).
+  bool number_reaches(int j, bool range) const;
 };
 
 extern template class AutomatonConstraint<SchemaPrefix>;  // json_schema.cc
