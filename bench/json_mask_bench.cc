@@ -92,6 +92,17 @@ int main(int argc, char** argv) {
     petrel::JsonSchemaConstraint constraint(table, *coded, {128009});
     row(constraint, name, text);
   }
+  // Bounded numbers (minimum / maximum / multipleOf): each digit token checked against the bounds.
+  auto bounded = petrel::JsonSchema::compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
+          "price": {"type": "number", "minimum": 0, "multipleOf": 0.01}, "days": {"type": "integer"}}})"));
+  if (!bounded.ok()) return 1;
+  for (const auto& [name, text] : {std::pair<const char*, const char*>{"schema: an unbounded integer", "{\"days\": 1"},
+                                   {"schema: a bounded integer", "{\"age\": 1"},
+                                   {"schema: a number, multipleOf 0.01", "{\"price\": 12.3"}}) {
+    petrel::JsonSchemaConstraint constraint(table, *bounded, {128009});
+    row(constraint, name, text);
+  }
   std::printf("| copy of the logits alone | | %.0f | |\n", median_us(reps, [&] { work = logits; }));
   return 0;
 }

@@ -40,7 +40,9 @@ bool allowed_tokens(const Automaton& state, const JsonTokenTable& table, std::ve
   }
   std::atomic<bool> any_allowed{false};
   ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
-    std::vector<std::array<bool, 256>> second_ok(256);
+    // second_ok[c0][c1]: 1 / 0 once stepped through, -1 not yet (a row is filled on first use, its entries when a
+    // token asks: the vocabulary's pairs are far fewer than 256 a first byte, and a SchemaPrefix copy is 400 bytes).
+    std::vector<std::array<int8_t, 256>> second_ok(256);
     std::array<bool, 256> second_ready{};
     bool any = false;
     for (int32_t id = static_cast<int32_t>(begin); id < static_cast<int32_t>(end); ++id) {
@@ -51,13 +53,16 @@ bool allowed_tokens(const Automaton& state, const JsonTokenTable& table, std::ve
         if (!first_ok[c0]) continue;
         if (bytes.size() > 1) {
           if (!second_ready[c0]) {
-            for (int c = 0; c < 256; ++c) {
-              Automaton trial = after_first[c0];
-              second_ok[c0][static_cast<size_t>(c)] = trial.feed(static_cast<unsigned char>(c));
-            }
+            second_ok[c0].fill(-1);
             second_ready[c0] = true;
           }
-          if (!second_ok[c0][static_cast<unsigned char>(bytes[1])]) continue;
+          const auto c1 = static_cast<unsigned char>(bytes[1]);
+          int8_t& ok = second_ok[c0][c1];
+          if (ok < 0) {
+            Automaton trial = after_first[c0];
+            ok = trial.feed(c1) ? 1 : 0;
+          }
+          if (!ok) continue;
           Automaton trial = after_first[c0];
           if (!trial.feed(bytes.substr(1))) continue;
         }
