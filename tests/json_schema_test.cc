@@ -420,7 +420,7 @@ TEST(JsonSchema, LongNumbersKeepToOneSidedBoundsAndMultiples) {
   auto schema = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"i": {"type": "integer", "minimum": 1000, "multipleOf": 7},
           "n": {"type": "number", "maximum": -2.5, "multipleOf": 0.5}, "cents": {"type": "number", "multipleOf": 0.01},
-          "whole": {"type": "number", "multipleOf": 1}}})"));
+          "whole": {"type": "number", "multipleOf": 1}, "huge": {"type": "integer", "minimum": 1e26, "maximum": 1e300}}})"));
   ASSERT_TRUE(schema.ok()) << schema.status().to_string();
   std::mt19937_64 rng(29);
   const auto mod = [](const std::string& digits, int m) {
@@ -449,7 +449,9 @@ TEST(JsonSchema, LongNumbersKeepToOneSidedBoundsAndMultiples) {
   }
   // multipleOf alone: the places it has, no more (and no exponent).
   for (const auto& [text, ok] : {std::pair<const char*, bool>{R"({"cents":12.34})", true}, {R"({"cents":-0.5})", true}, {R"({"cents":7})", true},
-                                 {R"({"cents":1.234})", false}, {R"({"cents":1e2})", false}, {R"({"whole":-12})", true}, {R"({"whole":1.0})", false}}) {
+                                 {R"({"cents":1.234})", false}, {R"({"cents":1e2})", false}, {R"({"whole":-12})", true}, {R"({"whole":1.0})", false},
+                                 {R"({"huge":100000000000000000000000000})", true}, {R"({"huge":99999999999999900000000000})", false},
+                                 {R"({"huge":5000000000000000000000000000000000000000000})", true}}) {
     EXPECT_EQ(accepts(**schema, text), ok) << text;
   }
   for (const auto& [bad, what] : {std::pair<const char*, const char*>{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0}}})", "properties.a.multipleOf: expected a number greater than 0"},

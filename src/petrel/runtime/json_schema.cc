@@ -60,23 +60,23 @@ std::string i128_text(i128 v) {
 // N / 10^scale as a JSON Schema validator reads the decimal it writes: the nearest double.
 double scaled_value(i128 n, int scale) { return std::strtod((i128_text(n) + "e-" + std::to_string(scale)).c_str(), nullptr); }
 
-// A bound as the smallest (lower) or largest (upper) N whose N / 10^scale keeps to it; kNoBound-signed "none" for
-// a bound past what is enforced (|bound| * 10^scale > 10^27).
+// A bound as the smallest (lower) or largest (upper) N whose N / 10^scale keeps to it as validators read it (the
+// nearest double); kNoBound-signed "none" for a bound past what is enforced (|bound| * 10^scale > 10^27). The values
+// that read as a double keeping to the bound begin (or end) halfway between it and the double beside it.
 i128 scaled_bound(double bound, bool exclusive, bool lower, int scale) {
-  const long double scaled = static_cast<long double>(bound) * static_cast<long double>(pow10_saturating(scale));
+  const double beside = std::nextafter(bound, lower != exclusive ? -HUGE_VAL : HUGE_VAL);
+  const long double edge = (static_cast<long double>(bound) + static_cast<long double>(beside)) / 2;  // exact
+  const long double scaled = edge * static_cast<long double>(pow10_saturating(scale));
   if (!(std::fabs(scaled) <= 1e27L)) return lower ? -kNoBound : kNoBound;
   const auto keeps = [&](i128 n) {
     const double v = scaled_value(n, scale);
     return lower ? (exclusive ? v > bound : v >= bound) : (exclusive ? v < bound : v <= bound);
   };
+  // Then nudged past the product's rounding and a tie at the edge (round half to even).
   i128 n = static_cast<i128>(lower ? std::ceil(scaled) : std::floor(scaled));
-  if (lower) {
-    while (keeps(n - 1)) --n;
-    while (!keeps(n)) ++n;
-  } else {
-    while (keeps(n + 1)) ++n;
-    while (!keeps(n)) --n;
-  }
+  const int step = lower ? 1 : -1;
+  for (int i = 0; i < 64 && keeps(n - step); ++i) n -= step;
+  for (int i = 0; i < 64 && !keeps(n); ++i) n += step;
   return n;
 }
 
