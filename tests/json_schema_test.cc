@@ -454,6 +454,16 @@ TEST(JsonSchema, LongNumbersKeepToOneSidedBoundsAndMultiples) {
                                  {R"({"huge":5000000000000000000000000000000000000000000})", true}}) {
     EXPECT_EQ(accepts(**schema, text), ok) << text;
   }
+  // Extreme keywords compile at once and leave values free where they cannot be enforced.
+  for (const char* extreme : {R"({"type": "number", "minimum": -1e300, "maximum": 1e300, "multipleOf": 1e-300})",
+                              R"({"type": "number", "multipleOf": 1e300, "exclusiveMinimum": 9007199254740993})",
+                              R"({"type": "integer", "minimum": 1e27, "maximum": 1e27})", R"({"type": "number", "maximum": 5e-324})",
+                              R"({"type": "integer", "multipleOf": 123456789012345678, "minimum": -1.7976931348623157e308})"}) {
+    auto compiled = JsonSchema::compile(njson::parse(std::string(R"({"type": "object", "properties": {"a": )") + extreme + "}}"));
+    ASSERT_TRUE(compiled.ok()) << extreme << ": " << compiled.status().to_string();
+    SchemaPrefix state(compiled->get());
+    EXPECT_TRUE(state.feed(std::string_view(R"({"a":)"))) << extreme;
+  }
   for (const auto& [bad, what] : {std::pair<const char*, const char*>{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0}}})", "properties.a.multipleOf: expected a number greater than 0"},
                                   {R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": "2"}}})", "properties.a.multipleOf: expected a number"},
                                   {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5}}})", "properties.a.multipleOf: no multiple of 5"},
