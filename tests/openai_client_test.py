@@ -147,8 +147,12 @@ def main():
                                                    "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"},
                                                    "score": {"type": "number", "minimum": -1, "exclusiveMaximum": 2.5, "multipleOf": 0.25},
                                                    "count": {"type": "integer", "maximum": 50, "multipleOf": 5},
+                                                   "toy": {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["kind"],
+                                                                      "properties": {"kind": {"const": "ball"}, "size": {"type": "integer"}}},
+                                                                     {"type": "object", "additionalProperties": False, "required": ["kind", "sound"],
+                                                                      "properties": {"kind": {"const": "bell"}, "sound": {"enum": ["ding", "dong"]}}}]},
                                                    "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}},
-                  "required": ["name", "age", "code", "score"]}
+                  "required": ["name", "age", "code", "score", "toy"]}
         try:
             import jsonschema
         except ImportError:

@@ -1,7 +1,9 @@
 #include "petrel/runtime/json_schema.h"
 
 #include <algorithm>
+#include <bit>
 #include <map>
+#include <set>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -218,6 +220,165 @@ const RegexDfa* format_dfa(const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+// The types a schema object allows: "type", else read from "properties" / "items", else any.
+Result<uint8_t> schema_types(const njson& part, const std::string& where) {
+  uint8_t types = 0;
+  if (part.is_object() && part.contains("type")) {
+    const njson& t = part["type"];
+    for (const njson& name : t.is_array() ? t : njson::array({t})) {
+      PETREL_ASSIGN_OR_RETURN(uint8_t bit, type_bit(name, where));
+      types |= bit;
+    }
+  } else if (part.is_object() && part.contains("properties")) {
+    types = JsonSchema::kObject;
+  } else if (part.is_object() && part.contains("items")) {
+    types = JsonSchema::kArray;
+  } else {
+    types = JsonSchema::kAnyType;  // untyped (or a keyword petrel does not read): any value
+  }
+  return types;
+}
+
+// A schema without its annotations (title, description, examples, default, $comment), at every level: two
+// branches' properties that differ only in those are the same schema.
+njson without_annotations(const njson& schema) {
+  if (schema.is_array()) {
+    njson out = njson::array();
+    for (const njson& v : schema) out.push_back(without_annotations(v));
+    return out;
+  }
+  if (!schema.is_object()) return schema;
+  njson out = njson::object();
+  for (auto it = schema.begin(); it != schema.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "title" || k == "description" || k == "examples" || k == "default" || k == "$comment") continue;
+    out[k] = k == "properties" || k == "$defs" || k == "definitions" ? njson::object() : without_annotations(it.value());
+    if (k == "properties" || k == "$defs" || k == "definitions") {
+      if (!it.value().is_object()) {
+        out[k] = it.value();
+        continue;
+      }
+      for (auto p = it.value().begin(); p != it.value().end(); ++p) out[k][p.key()] = without_annotations(p.value());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Status JsonSchema::add_object_union(const std::vector<const njson*>& parts, const std::string& where, int depth,
+                                    int32_t index, Node& node) {
+  const size_t n_branches = parts.size();
+  if (n_branches > kMaxBranches) {
+    return invalid_argument(where + "anyOf: more than " + std::to_string(kMaxBranches) + " object branches");
+  }
+  // Each branch's properties (escaped names) and required names.
+  std::vector<std::map<std::string, const njson*>> props(n_branches);
+  std::vector<std::vector<std::string>> required(n_branches);
+  std::set<std::string> all_keys;
+  for (size_t b = 0; b < n_branches; ++b) {
+    const njson& o = *parts[b];
+    const njson& p = o["properties"];
+    if (!p.is_object()) return invalid_argument(where + "anyOf: properties: expected an object");
+    for (auto it = p.begin(); it != p.end(); ++it) {
+      const std::string escaped = njson(it.key()).dump();
+      props[b].emplace(escaped.substr(1, escaped.size() - 2), &it.value());
+      all_keys.insert(escaped.substr(1, escaped.size() - 2));
+    }
+    if (o.contains("required")) {
+      if (!o["required"].is_array()) return invalid_argument(where + "anyOf: required: expected an array of names");
+      for (const njson& r : o["required"]) {
+        if (!r.is_string()) return invalid_argument(where + "anyOf: required: expected an array of names");
+        const std::string escaped = njson(r.get<std::string>()).dump();
+        const std::string key = escaped.substr(1, escaped.size() - 2);
+        if (!props[b].count(key)) return invalid_argument(where + "anyOf: required: '" + r.get<std::string>() + "' is not among the properties");
+        required[b].push_back(key);
+      }
+    }
+  }
+  if (all_keys.size() > 64) return invalid_argument(where + "anyOf: the object branches have more than 64 properties in all");
+  node.keys.assign(all_keys.begin(), all_keys.end());
+  const auto key_at = [&](const std::string& key) { return std::lower_bound(node.keys.begin(), node.keys.end(), key) - node.keys.begin(); };
+  node.key_branches.assign(node.keys.size(), 0);
+  node.branch_required.assign(n_branches, 0);
+  node.key_type_branches.assign(node.keys.size(), {});
+  node.key_literal_branches.assign(node.keys.size(), {});
+  for (size_t b = 0; b < n_branches; ++b) {
+    for (const auto& [key, sub] : props[b]) node.key_branches[static_cast<size_t>(key_at(key))] |= static_cast<uint16_t>(1u << b);
+    for (const std::string& key : required[b]) node.branch_required[b] |= uint64_t{1} << key_at(key);
+  }
+  nodes_[static_cast<size_t>(index)] = node;  // the children are appended after this node
+  for (size_t k = 0; k < node.keys.size(); ++k) {
+    const std::string& key = node.keys[k];
+    const std::string at = where + "anyOf.properties." + key + ".";
+    node.key_type_branches[k].fill(0xFFFF);
+    // The branches' schemas for this key, resolved; one schema (up to annotations) is one child, no narrowing.
+    std::vector<std::pair<size_t, const njson*>> mine;
+    for (size_t b = 0; b < n_branches; ++b) {
+      if (const auto it = props[b].find(key); it != props[b].end()) {
+        PETREL_ASSIGN_OR_RETURN(const njson* r, resolve(*it->second, at));
+        mine.emplace_back(b, r);
+      }
+    }
+    const njson first = without_annotations(*mine[0].second);
+    bool same = true;
+    for (size_t i = 1; i < mine.size() && same; ++i) same = without_annotations(*mine[i].second) == first;
+    if (same) {
+      PETREL_ASSIGN_OR_RETURN(int32_t child, add(*mine[0].second, at, depth + 1));
+      node.key_nodes.push_back(child);
+      continue;
+    }
+    const auto is_literal = [](const njson* s) { return s->is_object() && (s->contains("enum") || s->contains("const")); };
+    const size_t literals = static_cast<size_t>(std::count_if(mine.begin(), mine.end(), [&](const auto& m) { return is_literal(m.second); }));
+    if (literals == mine.size()) {
+      // A discriminator: the union of the values, each with the branches that allow it.
+      std::map<std::string, uint16_t> texts;
+      for (const auto& [b, s] : mine) {
+        const njson values = s->contains("const") ? njson::array({(*s)["const"]}) : (*s)["enum"];
+        if (!values.is_array() || values.empty()) return invalid_argument(at + "enum: expected a non-empty array");
+        for (const njson& v : values) {
+          PETREL_ASSIGN_OR_RETURN(std::string text, literal_text(v, at + "enum"));
+          texts[text] |= static_cast<uint16_t>(1u << b);
+        }
+      }
+      Node lit;
+      lit.types = 0;
+      for (const auto& [text, branches] : texts) {
+        lit.literals.push_back(text);
+        node.key_literal_branches[k].push_back(branches);
+      }
+      nodes_.push_back(std::move(lit));
+      node.key_nodes.push_back(static_cast<int32_t>(nodes_.size() - 1));
+      continue;
+    }
+    if (literals > 0) {
+      return invalid_argument(at + ": the anyOf branches give it both enum/const values and types; petrel cannot tell them apart while generating");
+    }
+    // Different types: a union (add's own checks refuse one type twice), narrowed by the value's type.
+    njson& joined = synthetic_.emplace_back(njson{{"anyOf", njson::array()}});
+    std::vector<njson> distinct;  // branches that agree (up to annotations) give one union member
+    for (const auto& [b, s] : mine) {
+      njson plain = without_annotations(*s);
+      if (std::find(distinct.begin(), distinct.end(), plain) != distinct.end()) continue;
+      distinct.push_back(std::move(plain));
+      joined["anyOf"].push_back(*s);
+    }
+    for (int t = 0; t < 7; ++t) {
+      uint16_t allow = 0;
+      for (const auto& [b, s] : mine) {
+        PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*s, at));
+        if (types & (1u << t)) allow |= static_cast<uint16_t>(1u << b);
+      }
+      node.key_type_branches[k][static_cast<size_t>(t)] = allow;
+    }
+    PETREL_ASSIGN_OR_RETURN(int32_t child, add(joined, at, depth + 1));
+    node.key_nodes.push_back(child);
+  }
+  return ok_status();
+}
+
 Result<const njson*> JsonSchema::resolve(const njson& schema, const std::string& where) const {
   const njson* s = &schema;
   for (int hops = 0; s->is_object(); ++hops) {
@@ -287,26 +448,21 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   const njson* string_part = nullptr;
   const njson* integer_part = nullptr;
   int numeric_parts = 0;
+  std::vector<const njson*> object_parts;  // several: a union of object schemas (add_object_union)
   for (const njson* part : parts) {
-    uint8_t types = 0;
-    if (part->is_object() && part->contains("type")) {
-      const njson& t = (*part)["type"];
-      for (const njson& name : t.is_array() ? t : njson::array({t})) {
-        PETREL_ASSIGN_OR_RETURN(uint8_t bit, type_bit(name, where));
-        types |= bit;
-      }
-    } else if (part->is_object() && part->contains("properties")) {
-      types = kObject;
-    } else if (part->is_object() && part->contains("items")) {
-      types = kArray;
-    } else {
-      types = kAnyType;  // untyped (or a keyword petrel does not read): any value
-    }
-    if (branches && (node.types & types & ~(kNumber | kInteger)) != 0 && types != kAnyType) {
+    PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*part, where));
+    // Objects with properties may repeat: their keys tell them apart as they are written.
+    const bool keyed_object = types == kObject && part->is_object() && part->contains("properties");
+    const uint8_t shared = node.types & types & ~(kNumber | kInteger);
+    if (branches && shared != 0 && types != kAnyType && !(keyed_object && shared == kObject && !object_parts.empty() &&
+                                                          object_parts.back()->contains("properties"))) {
       return invalid_argument(where + "anyOf: branches of the same type cannot be told apart while generating");
     }
     node.types |= types;
-    if (types & kObject) object_part = part;
+    if (types & kObject) {
+      object_part = part;
+      object_parts.push_back(part);
+    }
     if (types & kArray) array_part = part;
     if (types & kString) string_part = part;
     if (types & kInteger) {
@@ -353,7 +509,9 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   if (integer_part && numeric_parts == 1 && integer_part->is_object()) {
     PETREL_RETURN_IF_ERROR(numeric_constraint(*integer_part, (node.types & kNumber) == 0, where, node));
   }
-  if ((node.types & kObject) && object_part) {
+  if ((node.types & kObject) && object_parts.size() > 1) {
+    PETREL_RETURN_IF_ERROR(add_object_union(object_parts, where, depth, index, node));
+  } else if ((node.types & kObject) && object_part) {
     const njson& o = *object_part;
     if (o.is_object() && o.contains("properties")) {
       const njson& props = o["properties"];
@@ -404,6 +562,7 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const njson& schem
   auto root_or = compiled->add(schema, "", 0);
   compiled->document_ = nullptr;
   compiled->compiled_.clear();
+  compiled->synthetic_.clear();
   PETREL_ASSIGN_OR_RETURN(int32_t root, std::move(root_or));
   const Node& r = compiled->nodes_[static_cast<size_t>(root)];
   if (r.types != kObject) return invalid_argument("the schema's root must be an object (\"type\": \"object\")");
@@ -457,13 +616,15 @@ bool SchemaPrefix::start_value(unsigned char c) {
   const bool structured = node.types != JsonSchema::kAnyType;
   if (c == '{' && (node.types & JsonSchema::kObject) && structured && !node.any_object) {
     if (depth_ >= kMaxDepth) return false;
-    stack_[depth_++] = Frame{pending_node_, false, 0};
+    if (depth_ > 0 && !narrow(stack_[depth_ - 1], JsonSchema::kObject)) return false;
+    stack_[depth_++] = Frame{.node = pending_node_, .array = false};
     mode_ = Mode::kKeyOrClose;
     return true;
   }
   if (c == '[' && (node.types & JsonSchema::kArray) && structured) {
     if (depth_ >= kMaxDepth) return false;
-    stack_[depth_++] = Frame{pending_node_, true, 0};
+    if (depth_ > 0 && !narrow(stack_[depth_ - 1], JsonSchema::kArray)) return false;
+    stack_[depth_++] = Frame{.node = pending_node_, .array = true};
     mode_ = Mode::kValueOrClose;
     return true;
   }
@@ -477,6 +638,7 @@ bool SchemaPrefix::start_value(unsigned char c) {
   else if (c == '[') need = JsonSchema::kArray;
   else return false;
   if (!(node.types & need)) return false;
+  if (depth_ > 0 && !narrow(stack_[depth_ - 1], need)) return false;
   integer_only_ = (node.types & (JsonSchema::kNumber | JsonSchema::kInteger)) == JsonSchema::kInteger;
   numeric_ = need == JsonSchema::kInteger && node.numeric ? &node : nullptr;
   if (numeric_) {
@@ -538,15 +700,31 @@ bool SchemaPrefix::step(unsigned char c) {
     while (lo < hi_ && byte_at(lo) < static_cast<int>(c)) ++lo;
     uint32_t end = lo;
     while (end < hi_ && byte_at(end) == static_cast<int>(c)) ++end;
+    // In an object of several schemas, a text some live branch allows must still match.
+    const std::vector<uint16_t>* branches = nullptr;
+    if (depth_ > 0 && !stack_[depth_ - 1].array) {
+      const JsonSchema::Node& parent = schema_->node(stack_[depth_ - 1].node);
+      if (!parent.key_literal_branches.empty() && !parent.key_literal_branches[stack_[depth_ - 1].key].empty()) {
+        branches = &parent.key_literal_branches[stack_[depth_ - 1].key];
+      }
+    }
+    const auto live = [&](uint32_t i) { return !branches || ((*branches)[i] & stack_[depth_ - 1].live) != 0; };
     if (lo < end) {
+      bool any = false;
+      for (uint32_t i = lo; i < end && !any; ++i) any = live(i);
+      if (!any) return false;
       lo_ = lo;
       hi_ = end;
       ++offset_;
       // Complete once a text is matched that no other matching text extends (a string's closing quote).
-      if (lits[lo_].size() == offset_ && hi_ - lo_ == 1) return value_done();
+      if (lits[lo_].size() == offset_ && hi_ - lo_ == 1) {
+        if (branches) stack_[depth_ - 1].live &= (*branches)[lo_];
+        return value_done();
+      }
       return true;
     }
-    if (lits[lo_].size() != offset_) return false;  // not one of the texts
+    if (lits[lo_].size() != offset_ || !live(lo_)) return false;  // not one of the texts
+    if (branches) stack_[depth_ - 1].live &= (*branches)[lo_];
     value_done();  // a number literal ended by what follows it
     return step(c);
   }
@@ -555,9 +733,13 @@ bool SchemaPrefix::step(unsigned char c) {
     const JsonSchema::Node& node = schema_->node(stack_[depth_ - 1].node);
     bool continues = false;  // an escaped quote inside a key (keys are kept escaped): '"' goes on with it
     for (uint32_t i = lo_; i < hi_ && !continues; ++i) continues = node.keys[i].size() > offset_ && node.keys[i][offset_] == '"';
+    const Frame& f = stack_[depth_ - 1];
+    const auto may_give = [&](uint32_t i) {  // not yet given, and in a live branch
+      return !(f.seen & (uint64_t{1} << i)) && (node.key_branches.empty() || (node.key_branches[i] & f.live) != 0);
+    };
     if (c == '"' && !continues) {  // the key ends: it must be a property not yet given
       if (lo_ >= hi_ || node.keys[lo_].size() != offset_) return false;
-      if (stack_[depth_ - 1].seen & (uint64_t{1} << lo_)) return false;
+      if (!may_give(lo_)) return false;
       key_index_ = static_cast<int32_t>(lo_);
       mode_ = Mode::kColon;
       return true;
@@ -568,9 +750,8 @@ bool SchemaPrefix::step(unsigned char c) {
     uint32_t end = lo;
     while (end < hi_ && byte_at(end) == static_cast<int>(c)) ++end;
     // A key already given may not be started again: some key not yet given must go on this way.
-    const uint64_t seen = stack_[depth_ - 1].seen;
     bool open = false;
-    for (uint32_t i = lo; i < end && !open; ++i) open = !(seen & (uint64_t{1} << i));
+    for (uint32_t i = lo; i < end && !open; ++i) open = may_give(i);
     if (!open) return false;
     lo_ = lo;
     hi_ = end;
@@ -599,7 +780,7 @@ bool SchemaPrefix::step(unsigned char c) {
       Frame& f = stack_[depth_ - 1];
       const JsonSchema::Node& node = schema_->node(f.node);
       if (c == '}' && mode_ == Mode::kKeyOrClose) {
-        if ((f.seen & node.required) != node.required) return false;
+        if (!may_close(f, node)) return false;
         --depth_;
         return value_done();
       }
@@ -613,8 +794,11 @@ bool SchemaPrefix::step(unsigned char c) {
     case Mode::kColon: {
       if (c != ':') return false;
       Frame& f = stack_[depth_ - 1];
+      const JsonSchema::Node& node = schema_->node(f.node);
       f.seen |= uint64_t{1} << key_index_;
-      pending_node_ = schema_->node(f.node).key_nodes[static_cast<size_t>(key_index_)];
+      f.key = static_cast<uint8_t>(key_index_);
+      if (!node.key_branches.empty()) f.live &= node.key_branches[static_cast<size_t>(key_index_)];
+      pending_node_ = node.key_nodes[static_cast<size_t>(key_index_)];
       mode_ = Mode::kValue;
       return true;
     }
@@ -637,13 +821,16 @@ bool SchemaPrefix::step(unsigned char c) {
         return false;
       }
       if (c == ',') {
-        const uint64_t all = node.keys.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << node.keys.size()) - 1;
+        uint64_t all = node.keys.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << node.keys.size()) - 1;
+        for (size_t k = 0; k < node.key_branches.size(); ++k) {  // the live branches' keys
+          if (!(node.key_branches[k] & f.live)) all &= ~(uint64_t{1} << k);
+        }
         if ((f.seen & all) == all) return false;  // no property left to give
         mode_ = Mode::kKey;
         return true;
       }
       if (c == '}') {
-        if ((f.seen & node.required) != node.required) return false;
+        if (!may_close(f, node)) return false;
         --depth_;
         return value_done();
       }
@@ -651,6 +838,24 @@ bool SchemaPrefix::step(unsigned char c) {
     }
     default: return false;
   }
+}
+
+bool SchemaPrefix::may_close(const Frame& f, const JsonSchema::Node& node) const {
+  if (node.branch_required.empty()) return (f.seen & node.required) == node.required;
+  for (size_t b = 0; b < node.branch_required.size(); ++b) {
+    if ((f.live >> b & 1) && (f.seen & node.branch_required[b]) == node.branch_required[b]) return true;
+  }
+  return false;
+}
+
+bool SchemaPrefix::narrow(Frame& f, uint8_t type) {
+  if (f.array) return true;
+  const JsonSchema::Node& node = schema_->node(f.node);
+  if (node.key_type_branches.empty()) return true;
+  const uint16_t allow = node.key_type_branches[f.key][static_cast<size_t>(std::countr_zero(type))];
+  if (!(allow & f.live)) return false;
+  f.live &= allow;
+  return true;
 }
 
 bool SchemaPrefix::number_byte(unsigned char c) {

@@ -28,7 +28,12 @@
 //    bound is compared as validators do (the value read as a double) and is enforced up to 10^27 for integers
 //    and values of integral multipleOf, 10^27 / 10^scale otherwise (beyond, that bound is left free);
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
-//  - "anyOf"/"oneOf" whose branches differ in type (at most one object and one array branch), as a union;
+//  - "anyOf"/"oneOf" whose branches differ in type (at most one array branch), as a union; several object branches
+//    with "properties" (pydantic's Union of models, at most 16) are one object whose keys are all of theirs: each
+//    key and each value that differs between branches (an enum/const discriminator, a value's type) narrows the
+//    branches still possible, and the object closes once one of them has its required keys. A property whose
+//    branches give it different schemas of one type (other than enum/const texts) is refused: nothing written
+//    tells which applies;
 //  - "$ref" to any place of the same document ("#", "#/$defs/Name", "#/definitions/Name": what pydantic and
 //    zod write), recursive ones included; "allOf" of one schema (pydantic v1's wrapper of a $ref) as that schema.
 // Anything else that constrains (allOf of several, not, other formats, ...) is not enforced: the value
@@ -39,6 +44,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -85,7 +91,18 @@ class JsonSchema {
     int32_t pattern = -1;                   // string: its "pattern" (JsonSchema::pattern), -1 none
     const RegexDfa* format = nullptr;       // string: its "format" as an automaton (json_schema.cc), null none
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
+    // object, anyOf of several object schemas ("branches", at most kMaxBranches): `keys` are the union of theirs,
+    // key_branches[k] the branches that have key k, branch_required[b] branch b's required keys (bits over `keys`).
+    // A key whose value differs between branches narrows the branches still possible by the value's type
+    // (key_type_branches[k][t], t a type bit's index; all ones where it does not narrow) or by which enum/const
+    // text it is (key_literal_branches[k][i] for the key's node's literals[i]; empty where it does not). All empty
+    // for one object schema.
+    std::vector<uint16_t> key_branches;
+    std::vector<uint64_t> branch_required;
+    std::vector<std::array<uint16_t, 7>> key_type_branches;
+    std::vector<std::vector<uint16_t>> key_literal_branches;
   };
+  static constexpr size_t kMaxBranches = 16;
 
   // Compiles `schema`; kInvalidArgument naming the place ("properties.city.type: ...") for what cannot be used.
   static Result<std::shared_ptr<const JsonSchema>> compile(const nlohmann::json& schema);
@@ -99,12 +116,16 @@ class JsonSchema {
  private:
   Result<int32_t> add(const nlohmann::json& schema, const std::string& where, int depth);
   Result<const nlohmann::json*> resolve(const nlohmann::json& schema, const std::string& where) const;
+  // Node `index` (being built in `node`) as the union of the object schemas `parts` (Node::key_branches...).
+  Status add_object_union(const std::vector<const nlohmann::json*>& parts, const std::string& where, int depth,
+                          int32_t index, Node& node);
   std::vector<Node> nodes_;
   std::vector<RegexDfa> patterns_;
   // While compiling: the whole document ($ref's target), and the node made for each schema object so far (so a
   // schema referenced twice is one node, and a recursive one a cycle of nodes).
   const nlohmann::json* document_ = nullptr;
   std::unordered_map<const nlohmann::json*, int32_t> compiled_;
+  std::deque<nlohmann::json> synthetic_;  // schemas made while compiling (a union's property), alive as long as compiled_
 };
 
 // The automaton: the value of schema->root(), then nothing. Cheap to copy (a fixed-size stack of frames).
@@ -137,8 +158,15 @@ class SchemaPrefix {
   struct Frame {
     int32_t node = 0;
     bool array = false;
-    uint64_t seen = 0;  // object: bit i, keys[i] given; array: items begun
+    uint8_t key = 0;         // object: the key whose value is being read
+    uint16_t live = 0xFFFF;  // object of several schemas (Node::key_branches): the branches still possible
+    uint64_t seen = 0;       // object: bit i, keys[i] given; array: items begun
   };
+  // The frame's object may close: its required keys are given (for one of its live branches).
+  bool may_close(const Frame& f, const JsonSchema::Node& node) const;
+  // The value now starting in frame f (an object of several schemas; others pass) is of type bit `type`: false
+  // when no live branch allows it; else the live branches narrowed to those that do.
+  bool narrow(Frame& f, uint8_t type);
   template <typename A> friend bool feed_byte_restoring(A&, unsigned char);
   template <typename A> friend bool feed_bytes(A&, std::string_view);
   bool step(unsigned char c);
