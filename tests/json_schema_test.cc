@@ -566,6 +566,11 @@ TEST(JsonSchema, ObjectUnionsFollowTheBranchTheKeysAndValuesChoose) {
     EXPECT_EQ(accepts(**schema, text), judged) << text;
   }
   EXPECT_GT(allowed, 300);  // the judge allows a fair share: the test sees both sides
+  // A branch that allows any object (untyped, or an object without properties) absorbs the object branches.
+  auto loose = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {"u": {"anyOf": [
+      {"type": "object", "properties": {"x": {"type": "string"}}}, {"type": "object", "properties": {"y": {"type": "integer"}}}, {"enum": ["a", 1]}]}}})"));
+  ASSERT_TRUE(loose.ok()) << loose.status().to_string();
+  EXPECT_TRUE(accepts(**loose, R"({"u": {"x": 1, "z": [true]}})"));
   // What cannot be told apart while generating is refused by name.
   for (const auto& [bad, what] : {std::pair<const char*, const char*>{R"({"type": "object", "properties": {"u": {"anyOf": [
         {"type": "object", "properties": {"x": {"type": "string", "maxLength": 2}}}, {"type": "object", "properties": {"x": {"type": "string"}}}]}}})",

@@ -448,7 +448,8 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   const njson* string_part = nullptr;
   const njson* integer_part = nullptr;
   int numeric_parts = 0;
-  std::vector<const njson*> object_parts;  // several: a union of object schemas (add_object_union)
+  std::vector<const njson*> object_parts;  // object schemas with properties; several: a union (add_object_union)
+  bool loose_object = false;
   for (const njson* part : parts) {
     PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*part, where));
     // Objects with properties may repeat: their keys tell them apart as they are written.
@@ -461,7 +462,8 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     node.types |= types;
     if (types & kObject) {
       object_part = part;
-      object_parts.push_back(part);
+      if (part->is_object() && part->contains("properties")) object_parts.push_back(part);
+      else loose_object = true;  // untyped, or an object without properties: any object
     }
     if (types & kArray) array_part = part;
     if (types & kString) string_part = part;
@@ -509,7 +511,9 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   if (integer_part && numeric_parts == 1 && integer_part->is_object()) {
     PETREL_RETURN_IF_ERROR(numeric_constraint(*integer_part, (node.types & kNumber) == 0, where, node));
   }
-  if ((node.types & kObject) && object_parts.size() > 1) {
+  if ((node.types & kObject) && loose_object && !object_parts.empty()) {
+    node.any_object = true;  // a branch that allows any object allows the others' too
+  } else if ((node.types & kObject) && object_parts.size() > 1) {
     PETREL_RETURN_IF_ERROR(add_object_union(object_parts, where, depth, index, node));
   } else if ((node.types & kObject) && object_part) {
     const njson& o = *object_part;
