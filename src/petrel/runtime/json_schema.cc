@@ -254,13 +254,12 @@ njson without_annotations(const njson& schema) {
   for (auto it = schema.begin(); it != schema.end(); ++it) {
     const std::string& k = it.key();
     if (k == "title" || k == "description" || k == "examples" || k == "default" || k == "$comment") continue;
-    out[k] = k == "properties" || k == "$defs" || k == "definitions" ? njson::object() : without_annotations(it.value());
-    if (k == "properties" || k == "$defs" || k == "definitions") {
-      if (!it.value().is_object()) {
-        out[k] = it.value();
-        continue;
-      }
-      for (auto p = it.value().begin(); p != it.value().end(); ++p) out[k][p.key()] = without_annotations(p.value());
+    if ((k == "properties" || k == "$defs" || k == "definitions") && it.value().is_object()) {
+      njson named = njson::object();  // names here are not keywords: a property may be called "title"
+      for (auto p = it.value().begin(); p != it.value().end(); ++p) named[p.key()] = without_annotations(p.value());
+      out[k] = std::move(named);
+    } else {
+      out[k] = without_annotations(it.value());
     }
   }
   return out;
