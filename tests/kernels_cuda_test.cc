@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "petrel/kernels/cuda/attention.h"
@@ -301,6 +302,19 @@ TEST(KernelsCuda, HostUploaderCopiesLargeAndSmallPiecesExactly) {
     EXPECT_TRUE(out == expected) << "copy " << k << " of " << sizes[k] << " bytes";
   }
   EXPECT_FALSE(up->copy(nullptr, host[0].data(), 16).ok());
+  // Rows with a stride (a CPU bundle's padded qweight) land packed, across chunk boundaries and threads.
+  for (const auto& [row_bytes, stride, rows] : {std::tuple<size_t, size_t, size_t>{16384, 16640, 1500}, {12, 20, 5}, {4096, 4096, 3}, {7, 7, 1}}) {
+    std::vector<uint8_t> padded(stride * (rows - 1) + row_bytes), expected(row_bytes * rows), out(row_bytes * rows);
+    for (auto& b : padded) b = static_cast<uint8_t>(rng());
+    for (size_t r = 0; r < rows; ++r) std::memcpy(expected.data() + r * row_bytes, padded.data() + r * stride, row_bytes);
+    auto buffer = cuda::DeviceBuffer::allocate(expected.size());
+    ASSERT_TRUE(buffer.ok());
+    ASSERT_TRUE(up->copy_rows(buffer->data(), padded.data(), row_bytes, stride, rows).ok());
+    ASSERT_TRUE(up->finish().ok());
+    ASSERT_TRUE(buffer->download(out.data(), out.size()).ok());
+    EXPECT_TRUE(out == expected) << rows << " rows of " << row_bytes << " bytes, " << stride << " apart";
+  }
+  EXPECT_FALSE(up->copy_rows(device[0].data(), host[0].data(), 16, 8, 2).ok());  // rows overlapping
 }
 
 

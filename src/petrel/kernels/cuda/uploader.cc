@@ -13,9 +13,25 @@ namespace {
 // must not contend with (or wait behind) CPU kernels another engine runs on it.
 constexpr size_t kParallelCopyBytes = size_t{4} << 20;
 
-void parallel_copy(void* dst, const void* src, size_t bytes, int threads) {
+// Source rows of `row_bytes`, `stride` bytes apart; offsets count in the rows' dense image.
+struct Rows {
+  const char* host;
+  size_t row_bytes, stride;
+  // Copies dense bytes [offset, offset + bytes) to dst.
+  void gather(char* dst, size_t offset, size_t bytes) const {
+    while (bytes > 0) {
+      const size_t row = offset / row_bytes, col = offset % row_bytes, take = std::min(bytes, row_bytes - col);
+      std::memcpy(dst, host + row * stride + col, take);
+      dst += take;
+      offset += take;
+      bytes -= take;
+    }
+  }
+};
+
+void parallel_gather(char* dst, const Rows& rows, size_t offset, size_t bytes, int threads) {
   if (threads <= 1 || bytes < kParallelCopyBytes) {
-    std::memcpy(dst, src, bytes);
+    rows.gather(dst, offset, bytes);
     return;
   }
   const size_t piece = (bytes + threads - 1) / threads;
@@ -23,11 +39,9 @@ void parallel_copy(void* dst, const void* src, size_t bytes, int threads) {
   workers.reserve(threads - 1);
   for (int t = 1; t < threads; ++t) {
     const size_t begin = std::min(bytes, t * piece), end = std::min(bytes, begin + piece);
-    if (begin < end) {
-      workers.emplace_back([=] { std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin); });
-    }
+    if (begin < end) workers.emplace_back([=, &rows] { rows.gather(dst + begin, offset + begin, end - begin); });
   }
-  std::memcpy(dst, src, std::min(bytes, piece));
+  rows.gather(dst, offset, std::min(bytes, piece));
   for (std::thread& w : workers) w.join();
 }
 
@@ -63,15 +77,20 @@ Status HostUploader::close_slot() {
   return ok_status();
 }
 
-Status HostUploader::copy(void* device, const void* host, size_t bytes) {
+Status HostUploader::copy(void* device, const void* host, size_t bytes) { return copy_rows(device, host, bytes, bytes, 1); }
+
+Status HostUploader::copy_rows(void* device, const void* host, size_t row_bytes, size_t stride, size_t rows) {
+  const size_t bytes = row_bytes * rows;
   if (bytes > 0 && (!device || !host)) return invalid_argument("HostUploader::copy: null pointer");
+  if (rows > 1 && stride < row_bytes) return invalid_argument("HostUploader::copy_rows: a stride shorter than a row");
+  const Rows source{static_cast<const char*>(host), row_bytes, stride};
   size_t done = 0;
   while (done < bytes) {
     if (fill_ == chunk_) PETREL_RETURN_IF_ERROR(close_slot());
     Slot& s = slots_[current_];
     const size_t take = std::min(bytes - done, chunk_ - fill_);
     char* staged = s.buffer.as<char>() + fill_;
-    parallel_copy(staged, static_cast<const char*>(host) + done, take, threads_);
+    parallel_gather(staged, source, done, take, threads_);
     PETREL_RETURN_IF_ERROR(copy_to_device(static_cast<char*>(device) + done, staged, take, stream_.get()));
     fill_ += take;
     done += take;

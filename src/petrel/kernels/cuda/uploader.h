@@ -29,6 +29,9 @@ class HostUploader {
   // Queues bytes from `host` to `device` (device memory of the current device). When it returns, the host
   // memory has been read (it may change or go away); the device copy may still be in flight until finish().
   Status copy(void* device, const void* host, size_t bytes);
+  // The same for `rows` rows of `row_bytes` that lie `stride` bytes apart on the host, packed densely on the device
+  // (a CPU bundle's padded qweight rows): gathered straight into the pinned chunks, no host copy in between.
+  Status copy_rows(void* device, const void* host, size_t row_bytes, size_t stride, size_t rows);
   // Waits until every queued copy has reached the device, and reports any error.
   Status finish();
   int64_t bytes_copied() const { return bytes_; }
