@@ -279,6 +279,21 @@ std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tok
     }
     table->offset_.push_back(static_cast<uint32_t>(table->all_bytes_.size()));
   }
+  const auto key = [&](int32_t id) {
+    const std::string_view b = table->bytes(id);
+    return std::pair<int, int>(static_cast<unsigned char>(b[0]), b.size() > 1 ? static_cast<unsigned char>(b[1]) : -1);
+  };
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    if (!table->special(id)) table->by_bytes_.push_back(id);
+  }
+  std::stable_sort(table->by_bytes_.begin(), table->by_bytes_.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
+  for (uint32_t i = 0; i < table->by_bytes_.size(); ++i) {
+    const auto [first, second] = key(table->by_bytes_[i]);
+    if (table->groups_.empty() || table->groups_.back().first != first || table->groups_.back().second != second) {
+      table->groups_.push_back(Group{static_cast<uint8_t>(first), static_cast<int16_t>(second), i, i});
+    }
+    table->groups_.back().end = i + 1;
+  }
   return table;
 }
 

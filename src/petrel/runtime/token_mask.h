@@ -22,10 +22,11 @@ namespace petrel::detail {
 inline constexpr float kNever = -std::numeric_limits<float>::infinity();
 
 // Marks in allowed[id] the tokens that `state` (JsonPrefix, SchemaPrefix or CallShape) can take next (1) or not
-// (0); false when none can. Tokens are judged by their first two bytes from tables made for this state (most are
-// turned away there, uncopied); only those that pass are stepped through from the state after their first byte.
-// The vocabulary is split over the thread pool, each part with its own second-byte tables. Needs no logits, so a
-// decoding loop can run it while the GPU computes them (LogitConstraint::prepare).
+// (0); false when none can. Inside a plain string (most tokens allowed) the vocabulary is walked in id order:
+// plain tokens pass at once, the others are judged by their first two bytes (verdicts kept per thread-pool part)
+// and stepped through. Elsewhere the table's groups by first two bytes are walked: a refused pair skips its
+// whole group, so the work follows the tokens allowed rather than the vocabulary. Needs no logits, so a decoding
+// loop can run it while the GPU computes them (LogitConstraint::prepare).
 template <typename Automaton>
 bool allowed_tokens(const Automaton& state, const JsonTokenTable& table, std::vector<uint8_t>& allowed) {
   const int32_t n = table.size();
@@ -39,6 +40,36 @@ bool allowed_tokens(const Automaton& state, const JsonTokenTable& table, std::ve
     first_ok[static_cast<size_t>(c)] = after_first[static_cast<size_t>(c)].feed(static_cast<unsigned char>(c));
   }
   std::atomic<bool> any_allowed{false};
+  if (!plain) {
+    // By the tokens' first two bytes: a group whose pair the state refuses is skipped whole.
+    const auto& groups = table.groups();
+    const auto& ids = table.by_bytes();
+    ThreadPool::global().parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t begin, int64_t end) {
+      bool any = false;
+      for (int64_t g = begin; g < end; ++g) {
+        const JsonTokenTable::Group& group = groups[static_cast<size_t>(g)];
+        if (!first_ok[group.first]) continue;
+        if (group.second < 0) {  // one-byte tokens
+          for (uint32_t i = group.begin; i < group.end; ++i) allowed[static_cast<size_t>(ids[i])] = 1;
+          any = true;
+          continue;
+        }
+        Automaton after_second = after_first[group.first];
+        if (!after_second.feed(static_cast<unsigned char>(group.second))) continue;
+        for (uint32_t i = group.begin; i < group.end; ++i) {
+          const std::string_view bytes = table.bytes(ids[i]);
+          if (bytes.size() > 2) {
+            Automaton trial = after_second;
+            if (!trial.feed(bytes.substr(2))) continue;
+          }
+          allowed[static_cast<size_t>(ids[i])] = 1;
+          any = true;
+        }
+      }
+      if (any) any_allowed.store(true, std::memory_order_relaxed);
+    }, 64);
+    return any_allowed.load();
+  }
   ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
     // second_ok[c0][c1]: 1 / 0 once stepped through, -1 not yet (a row is filled on first use, its entries when a
     // token asks: the vocabulary's pairs are far fewer than 256 a first byte, and a SchemaPrefix copy is 400 bytes).
