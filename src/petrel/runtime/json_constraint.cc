@@ -283,17 +283,29 @@ std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tok
     const std::string_view b = table->bytes(id);
     return std::pair<int, int>(static_cast<unsigned char>(b[0]), b.size() > 1 ? static_cast<unsigned char>(b[1]) : -1);
   };
-  for (int32_t id = 0; id < vocab_size; ++id) {
-    if (!table->special(id)) table->by_bytes_.push_back(id);
-  }
-  std::stable_sort(table->by_bytes_.begin(), table->by_bytes_.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
-  for (uint32_t i = 0; i < table->by_bytes_.size(); ++i) {
-    const auto [first, second] = key(table->by_bytes_[i]);
-    if (table->groups_.empty() || table->groups_.back().first != first || table->groups_.back().second != second) {
-      table->groups_.push_back(Group{static_cast<uint8_t>(first), static_cast<int16_t>(second), i, i});
+  const auto group = [&](std::vector<int32_t>& ids, std::vector<Group>& groups) {
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
+    for (uint32_t i = 0; i < ids.size(); ++i) {
+      const auto [first, second] = key(ids[i]);
+      if (groups.empty() || groups.back().first != first || groups.back().second != second) {
+        groups.push_back(Group{static_cast<uint8_t>(first), static_cast<int16_t>(second), i, i});
+      }
+      groups.back().end = i + 1;
     }
-    table->groups_.back().end = i + 1;
+  };
+  table->plain_mask_.assign(static_cast<size_t>(vocab_size), 0);
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    if (table->special(id)) continue;
+    table->by_bytes_.push_back(id);
+    if (table->plain_string_content(id)) {
+      table->plain_mask_[static_cast<size_t>(id)] = 1;
+      table->any_plain_ = true;
+    } else {
+      table->other_by_bytes_.push_back(id);
+    }
   }
+  group(table->by_bytes_, table->groups_);
+  group(table->other_by_bytes_, table->other_groups_);
   return table;
 }
 

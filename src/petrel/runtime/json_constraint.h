@@ -144,11 +144,19 @@ class JsonTokenTable {
   };
   const std::vector<Group>& groups() const { return groups_; }
   const std::vector<int32_t>& by_bytes() const { return by_bytes_; }
+  // The same over the tokens that are not plain_string_content (inside a plain string, what needs judging), and
+  // those plain ones as a mask [size()] (1: plain), with whether there is any.
+  const std::vector<Group>& other_groups() const { return other_groups_; }
+  const std::vector<int32_t>& other_by_bytes() const { return other_by_bytes_; }
+  const std::vector<uint8_t>& plain_mask() const { return plain_mask_; }
+  bool any_plain() const { return any_plain_; }
 
  private:
   enum Kind : uint8_t { kOther, kPlain, kSpecial };
-  std::vector<Group> groups_;
-  std::vector<int32_t> by_bytes_;
+  std::vector<Group> groups_, other_groups_;
+  std::vector<int32_t> by_bytes_, other_by_bytes_;
+  std::vector<uint8_t> plain_mask_;
+  bool any_plain_ = false;
   std::string all_bytes_;         // every token's bytes, one after another (the mask scans them in id order)
   std::vector<uint32_t> offset_;  // [size + 1]
   std::vector<uint8_t> kind_;

@@ -22,87 +22,62 @@ namespace petrel::detail {
 inline constexpr float kNever = -std::numeric_limits<float>::infinity();
 
 // Marks in allowed[id] the tokens that `state` (JsonPrefix, SchemaPrefix or CallShape) can take next (1) or not
-// (0); false when none can. Inside a plain string (most tokens allowed) the vocabulary is walked in id order:
-// plain tokens pass at once, the others are judged by their first two bytes (verdicts kept per thread-pool part)
-// and stepped through. Elsewhere the table's groups by first two bytes are walked: a refused pair skips its
-// whole group, so the work follows the tokens allowed rather than the vocabulary. Needs no logits, so a decoding
+// (0); false when none can. The token table's groups by first two bytes are walked (inside a plain string, only
+// those of the tokens that are not plain: the plain ones all pass, copied from the table's mask); a pair the
+// state refuses skips its group whole, so the work follows the tokens allowed rather than the vocabulary (a
+// token that passes is stepped through from the state after its second byte). Needs no logits, so a decoding
 // loop can run it while the GPU computes them (LogitConstraint::prepare).
 template <typename Automaton>
 bool allowed_tokens(const Automaton& state, const JsonTokenTable& table, std::vector<uint8_t>& allowed) {
   const int32_t n = table.size();
-  allowed.assign(static_cast<size_t>(n), 0);
-  if (state.complete()) return false;
+  if (state.complete()) {
+    allowed.assign(static_cast<size_t>(n), 0);
+    return false;
+  }
   const bool plain = state.in_plain_string();
   std::array<bool, 256> first_ok;
   std::array<Automaton, 256> after_first;
+  // Stepped by feed(bytes), which does not keep a copy to restore (a refused byte's state is not used again).
   for (int c = 0; c < 256; ++c) {
+    const char byte = static_cast<char>(c);
     after_first[static_cast<size_t>(c)] = state;
-    first_ok[static_cast<size_t>(c)] = after_first[static_cast<size_t>(c)].feed(static_cast<unsigned char>(c));
+    first_ok[static_cast<size_t>(c)] = after_first[static_cast<size_t>(c)].feed(std::string_view(&byte, 1));
   }
-  std::atomic<bool> any_allowed{false};
-  if (!plain) {
-    // By the tokens' first two bytes: a group whose pair the state refuses is skipped whole.
-    const auto& groups = table.groups();
-    const auto& ids = table.by_bytes();
-    ThreadPool::global().parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t begin, int64_t end) {
-      bool any = false;
-      for (int64_t g = begin; g < end; ++g) {
-        const JsonTokenTable::Group& group = groups[static_cast<size_t>(g)];
-        if (!first_ok[group.first]) continue;
-        if (group.second < 0) {  // one-byte tokens
-          for (uint32_t i = group.begin; i < group.end; ++i) allowed[static_cast<size_t>(ids[i])] = 1;
-          any = true;
-          continue;
-        }
-        Automaton after_second = after_first[group.first];
-        if (!after_second.feed(static_cast<unsigned char>(group.second))) continue;
-        for (uint32_t i = group.begin; i < group.end; ++i) {
-          const std::string_view bytes = table.bytes(ids[i]);
-          if (bytes.size() > 2) {
-            Automaton trial = after_second;
-            if (!trial.feed(bytes.substr(2))) continue;
-          }
-          allowed[static_cast<size_t>(ids[i])] = 1;
-          any = true;
-        }
-      }
-      if (any) any_allowed.store(true, std::memory_order_relaxed);
-    }, 64);
-    return any_allowed.load();
+  // Inside a plain string every plain token passes: the table's mask of them, then the other tokens judged.
+  if (plain) {
+    allowed = table.plain_mask();
+  } else {
+    allowed.assign(static_cast<size_t>(n), 0);
   }
-  ThreadPool::global().parallel_for(n, [&](int64_t begin, int64_t end) {
-    // second_ok[c0][c1]: 1 / 0 once stepped through, -1 not yet (a row is filled on first use, its entries when a
-    // token asks: the vocabulary's pairs are far fewer than 256 a first byte, and a SchemaPrefix copy is 400 bytes).
-    std::vector<std::array<int8_t, 256>> second_ok(256);
-    std::array<bool, 256> second_ready{};
+  std::atomic<bool> any_allowed{plain && table.any_plain()};
+  // By the tokens' first two bytes: a group whose pair the state refuses is skipped whole.
+  const auto& groups = plain ? table.other_groups() : table.groups();
+  const auto& ids = plain ? table.other_by_bytes() : table.by_bytes();
+  ThreadPool::global().parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t begin, int64_t end) {
     bool any = false;
-    for (int32_t id = static_cast<int32_t>(begin); id < static_cast<int32_t>(end); ++id) {
-      if (table.special(id)) continue;
-      if (!(plain && table.plain_string_content(id))) {
-        const std::string_view bytes = table.bytes(id);
-        const auto c0 = static_cast<unsigned char>(bytes[0]);
-        if (!first_ok[c0]) continue;
-        if (bytes.size() > 1) {
-          if (!second_ready[c0]) {
-            second_ok[c0].fill(-1);
-            second_ready[c0] = true;
-          }
-          const auto c1 = static_cast<unsigned char>(bytes[1]);
-          int8_t& ok = second_ok[c0][c1];
-          if (ok < 0) {
-            Automaton trial = after_first[c0];
-            ok = trial.feed(c1) ? 1 : 0;
-          }
-          if (!ok) continue;
-          Automaton trial = after_first[c0];
-          if (!trial.feed(bytes.substr(1))) continue;
-        }
+    for (int64_t g = begin; g < end; ++g) {
+      const JsonTokenTable::Group& group = groups[static_cast<size_t>(g)];
+      if (!first_ok[group.first]) continue;
+      if (group.second < 0) {  // one-byte tokens
+        for (uint32_t i = group.begin; i < group.end; ++i) allowed[static_cast<size_t>(ids[i])] = 1;
+        any = true;
+        continue;
       }
-      allowed[static_cast<size_t>(id)] = 1;
-      any = true;
+      Automaton after_second = after_first[group.first];
+      const char second = static_cast<char>(group.second);
+      if (!after_second.feed(std::string_view(&second, 1))) continue;
+      for (uint32_t i = group.begin; i < group.end; ++i) {
+        const std::string_view bytes = table.bytes(ids[i]);
+        if (bytes.size() > 2) {
+          Automaton trial = after_second;
+          if (!trial.feed(bytes.substr(2))) continue;
+        }
+        allowed[static_cast<size_t>(ids[i])] = 1;
+        any = true;
+      }
     }
     if (any) any_allowed.store(true, std::memory_order_relaxed);
-  }, 4096);
+  }, 64);
   return any_allowed.load();
 }
 
