@@ -574,7 +574,11 @@ TEST(JsonSchema, ObjectUnionsFollowTheBranchTheKeysAndValuesChoose) {
   // What cannot be told apart while generating is refused by name.
   for (const auto& [bad, what] : {std::pair<const char*, const char*>{R"({"type": "object", "properties": {"u": {"anyOf": [
         {"type": "object", "properties": {"x": {"type": "string", "maxLength": 2}}}, {"type": "object", "properties": {"x": {"type": "string"}}}]}}})",
-        "properties.u.anyOf.properties.x.anyOf: branches of the same type"},
+        "properties.u.anyOf.properties.x.: the anyOf branches give it different schemas of the same type"},
+      {R"({"type": "object", "properties": {"u": {"anyOf": [{"type": "object", "properties": {"k": {"const": 1}, "x": {"type": "integer"}}},
+        {"type": "object", "properties": {"k": {"const": 2}, "x": {"type": "number"}}}]}}})", "properties.u.anyOf.properties.x.: the anyOf branches give it different schemas of the same type"},
+      {R"({"type": "object", "properties": {"u": {"anyOf": [{"type": "object", "properties": {"x": {"type": "object", "properties": {"a": {"type": "string"}}}}},
+        {"type": "object", "properties": {"x": {"type": "object", "properties": {"b": {"type": "string"}}}}}]}}})", "properties.u.anyOf.properties.x.: the anyOf branches give it different schemas of the same type"},
       {R"({"type": "object", "properties": {"u": {"anyOf": [{"type": "object", "properties": {"x": {"const": 1}}},
         {"type": "object", "properties": {"x": {"type": "string"}}}]}}})", "properties.u.anyOf.properties.x.: the anyOf branches give it both"}}) {
     auto refused = JsonSchema::compile(njson::parse(bad));

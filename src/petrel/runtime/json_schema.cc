@@ -358,11 +358,19 @@ Status JsonSchema::add_object_union(const std::vector<const njson*>& parts, cons
     // Different types: a union (add's own checks refuse one type twice), narrowed by the value's type.
     njson& joined = synthetic_.emplace_back(njson{{"anyOf", njson::array()}});
     std::vector<njson> distinct;  // branches that agree (up to annotations) give one union member
+    uint8_t seen_types = 0;
     for (const auto& [b, s] : mine) {
       njson plain = without_annotations(*s);
       if (std::find(distinct.begin(), distinct.end(), plain) != distinct.end()) continue;
       distinct.push_back(std::move(plain));
       joined["anyOf"].push_back(*s);
+      PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*s, at));
+      // Two schemas that allow one type (integer and number, two object shapes, ...): the value's first byte
+      // does not say which branch it keeps, and a branch a discriminator chose could take the other's values.
+      if (types & seen_types) {
+        return invalid_argument(at + ": the anyOf branches give it different schemas of the same type; petrel cannot tell them apart while generating");
+      }
+      seen_types |= types;
     }
     for (int t = 0; t < 7; ++t) {
       uint16_t allow = 0;
