@@ -29,9 +29,22 @@ njson rnd_schema(int depth) {
       return {{"anyOf", a}}; }
   }
 }
+// Some completion of `p` ends the value (depth-first over bytes a generator would write, a bounded search):
+// an automaton that took a prefix must never leave the model without a way to finish.
+bool completes(const petrel::SchemaPrefix& p, int depth, long& budget) {
+  if (p.complete()) return true;
+  if (depth == 0 || --budget < 0) return false;
+  static const std::string order = "}]\"0,:1-.23456789abcdefghijklmnopqrstuvwxyz[{ ";
+  for (char c : order) {
+    petrel::SchemaPrefix next = p;
+    if (next.feed(static_cast<unsigned char>(c)) && completes(next, depth - 1, budget)) return true;
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   const int schemas = argc > 1 ? std::atoi(argv[1]) : 20000;
-  int compiled = 0, fed = 0;
+  int compiled = 0, fed = 0, dead = 0;
   const std::string alphabet = "{}[]\":, -0123456789.eEtruefalsnabcpqrstxyz\\";
   for (int t = 0; t < schemas; ++t) {
     njson root = {{"type", "object"}, {"properties", {{"r", rnd_schema(0)}, {"s", rnd_schema(1)}}}};
@@ -42,8 +55,20 @@ int main(int argc, char** argv) {
       petrel::SchemaPrefix p(s->get());
       std::string text = rng()%2 ? "{\"r\": " : "{\"s\": ";
       p.feed(std::string_view(text));
-      for (int i = 0; i < 40; ++i) { if (p.feed((unsigned char)alphabet[rng() % alphabet.size()])) ++fed; }
+      for (int i = 0; i < 40; ++i) {
+        const char c = alphabet[rng() % alphabet.size()];
+        if (p.feed((unsigned char)c)) {
+          ++fed;
+          text.push_back(c);
+        }
+      }
+      long budget = 20000;
+      if (!completes(p, 80, budget) && budget >= 0) {
+        std::printf("no completion found (search exhausted) after %s for schema %s\n", text.c_str(), root.dump().c_str());
+        ++dead;
+      }
     }
   }
-  std::printf("compiled %d, bytes taken %d\n", compiled, fed);
+  std::printf("compiled %d, bytes taken %d, dead ends %d\n", compiled, fed, dead);
+  return dead > 0;
 }
