@@ -69,39 +69,40 @@ int main(int argc, char** argv) {
     petrel::JsonObjectConstraint constraint(table, {128009});
     row(constraint, name, text);
   }
-  // The same under a tool's parameter schema (json_schema.h): object keys from a list, typed values.
-  auto schema = petrel::JsonSchema::compile(nlohmann::json::parse(
-      R"({"type": "object", "properties": {"location": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
-          "days": {"type": "integer"}}, "required": ["location"]})"));
-  if (!schema.ok()) return 1;
-  const std::pair<const char*, const char*> schema_states[] = {
-      {"schema: start", ""}, {"schema: a key", "{\"lo"}, {"schema: a string value", "{\"location\": \"Par"},
-      {"schema: an enum value", "{\"location\": \"Paris\", \"unit\": \"cel"}, {"schema: after a value", "{\"days\": 3"}};
-  for (const auto& [name, text] : schema_states) {
-    petrel::JsonSchemaConstraint constraint(table, *schema, {128009});
-    row(constraint, name, text);
+  // Rows under a schema (json_schema.h): one constraint a state, after its text.
+  using States = std::vector<std::pair<const char*, const char*>>;
+  auto schema_rows = [&](const char* schema_text, const States& schema_states) {
+    auto schema = petrel::JsonSchema::compile(nlohmann::json::parse(schema_text));
+    if (!schema.ok()) {
+      std::fprintf(stderr, "%s\n", schema.status().to_string().c_str());
+      return false;
+    }
+    for (const auto& [name, text] : schema_states) {
+      petrel::JsonSchemaConstraint constraint(table, *schema, {128009});
+      row(constraint, name, text);
+    }
+    return true;
+  };
+  // A tool's parameter schema: object keys from a list, typed values.
+  if (!schema_rows(R"({"type": "object", "properties": {"location": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                      "days": {"type": "integer"}}, "required": ["location"]})",
+                   {{"schema: start", ""}, {"schema: a key", "{\"lo"}, {"schema: a string value", "{\"location\": \"Par"},
+                    {"schema: an enum value", "{\"location\": \"Paris\", \"unit\": \"cel"}, {"schema: after a value", "{\"days\": 3"}})) {
+    return 1;
   }
   // A string with a "pattern" (regex_dfa.h): every token stepped through the pattern's automaton.
-  auto coded = petrel::JsonSchema::compile(nlohmann::json::parse(
-      R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"},
-          "note": {"type": "string", "pattern": "[a-z]+"}}})"));
-  if (!coded.ok()) return 1;
-  for (const auto& [name, text] : {std::pair<const char*, const char*>{"schema: a pattern's value", "{\"code\": \"AB"},
-                                   {"schema: an unanchored pattern's value", "{\"note\": \"ab"},
-                                   {"schema: the same before its match", "{\"note\": \"12"}}) {
-    petrel::JsonSchemaConstraint constraint(table, *coded, {128009});
-    row(constraint, name, text);
+  if (!schema_rows(R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"},
+                      "note": {"type": "string", "pattern": "[a-z]+"}}})",
+                   {{"schema: a pattern's value", "{\"code\": \"AB"}, {"schema: an unanchored pattern's value", "{\"note\": \"ab"},
+                    {"schema: the same before its match", "{\"note\": \"12"}})) {
+    return 1;
   }
   // Bounded numbers (minimum / maximum / multipleOf): each digit token checked against the bounds.
-  auto bounded = petrel::JsonSchema::compile(nlohmann::json::parse(
-      R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
-          "price": {"type": "number", "minimum": 0, "multipleOf": 0.01}, "days": {"type": "integer"}}})"));
-  if (!bounded.ok()) return 1;
-  for (const auto& [name, text] : {std::pair<const char*, const char*>{"schema: an unbounded integer", "{\"days\": 1"},
-                                   {"schema: a bounded integer", "{\"age\": 1"},
-                                   {"schema: a number, multipleOf 0.01", "{\"price\": 12.3"}}) {
-    petrel::JsonSchemaConstraint constraint(table, *bounded, {128009});
-    row(constraint, name, text);
+  if (!schema_rows(R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
+                      "price": {"type": "number", "minimum": 0, "multipleOf": 0.01}, "days": {"type": "integer"}}})",
+                   {{"schema: an unbounded integer", "{\"days\": 1"}, {"schema: a bounded integer", "{\"age\": 1"},
+                    {"schema: a number, multipleOf 0.01", "{\"price\": 12.3"}})) {
+    return 1;
   }
   std::printf("| copy of the logits alone | | %.0f | |\n", median_us(reps, [&] { work = logits; }));
   return 0;

@@ -218,10 +218,6 @@ const RegexDfa* format_dfa(const std::string& name) {
   return it == dfas->end() ? nullptr : &it->second;
 }
 
-}  // namespace
-
-namespace {
-
 // The types a schema object allows: "type", else read from "properties" / "items", else any.
 Result<uint8_t> schema_types(const njson& part, const std::string& where) {
   uint8_t types = 0;
@@ -359,26 +355,22 @@ Status JsonSchema::add_object_union(const std::vector<const njson*>& parts, cons
     njson& joined = synthetic_.emplace_back(njson{{"anyOf", njson::array()}});
     std::vector<njson> distinct;  // branches that agree (up to annotations) give one union member
     uint8_t seen_types = 0;
+    node.key_type_branches[k].fill(0);
     for (const auto& [b, s] : mine) {
+      PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*s, at));
+      for (int t = 0; t < 7; ++t) {
+        if (types & (1u << t)) node.key_type_branches[k][static_cast<size_t>(t)] |= static_cast<uint16_t>(1u << b);
+      }
       njson plain = without_annotations(*s);
       if (std::find(distinct.begin(), distinct.end(), plain) != distinct.end()) continue;
       distinct.push_back(std::move(plain));
       joined["anyOf"].push_back(*s);
-      PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*s, at));
       // Two schemas that allow one type (integer and number, two object shapes, ...): the value's first byte
       // does not say which branch it keeps, and a branch a discriminator chose could take the other's values.
       if (types & seen_types) {
         return invalid_argument(at + ": the anyOf branches give it different schemas of the same type; petrel cannot tell them apart while generating");
       }
       seen_types |= types;
-    }
-    for (int t = 0; t < 7; ++t) {
-      uint16_t allow = 0;
-      for (const auto& [b, s] : mine) {
-        PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*s, at));
-        if (types & (1u << t)) allow |= static_cast<uint16_t>(1u << b);
-      }
-      node.key_type_branches[k][static_cast<size_t>(t)] = allow;
     }
     PETREL_ASSIGN_OR_RETURN(int32_t child, add(joined, at, depth + 1));
     node.key_nodes.push_back(child);
@@ -462,8 +454,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     // Objects with properties may repeat: their keys tell them apart as they are written.
     const bool keyed_object = types == kObject && part->is_object() && part->contains("properties");
     const uint8_t shared = node.types & types & ~(kNumber | kInteger);
-    if (branches && shared != 0 && types != kAnyType && !(keyed_object && shared == kObject && !object_parts.empty() &&
-                                                          object_parts.back()->contains("properties"))) {
+    if (branches && shared != 0 && types != kAnyType && !(keyed_object && shared == kObject && !object_parts.empty())) {
       return invalid_argument(where + "anyOf: branches of the same type cannot be told apart while generating");
     }
     node.types |= types;

@@ -19,6 +19,10 @@ struct Rows {
   size_t row_bytes, stride;
   // Copies dense bytes [offset, offset + bytes) to dst.
   void gather(char* dst, size_t offset, size_t bytes) const {
+    if (stride == row_bytes) {  // contiguous (copy(), a cuda bundle's tensors)
+      std::memcpy(dst, host + offset, bytes);
+      return;
+    }
     while (bytes > 0) {
       const size_t row = offset / row_bytes, col = offset % row_bytes, take = std::min(bytes, row_bytes - col);
       std::memcpy(dst, host + row * stride + col, take);
