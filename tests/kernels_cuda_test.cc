@@ -19,6 +19,7 @@
 #include "petrel/kernels/cuda/elementwise.h"
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/mlp_fused.h"
 #include "petrel/kernels/cuda/timeline.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
@@ -1104,6 +1105,140 @@ TEST(KernelsCuda, OverlappedLaunchChainGivesTheSameBitsAsSerialLaunches) {
     if (variant == 0) serial = got;
     else EXPECT_EQ(got, serial);
   }
+}
+
+// The token generator's MLP in one launch (kernels/cuda/mlp_fused.cu) against the reference ops (RMSNorm, the
+// products on fp16 inputs, SiLU*up) and against the fused step's two launches (gate/up grouped with the norm in
+// its staging, down with SiLU*up in its staging and the residual added by atomics), on Llama-3.1-8B's shapes and
+// small ones, per channel and grouped, GPTQ v1 and v2 zeros; repeated launches, overlapped and in a graph, leave
+// its counters at zero; the buffers it clears are zeros afterwards.
+TEST(KernelsCuda, FusedMlpMatchesTheTwoLaunchesAndTheReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(61);
+  struct Case { int64_t hidden, inter, gate_group, down_group; bool symmetric, v2; DType norm; };
+  const Case cases[] = {
+      {4096, 14336, -1, -1, false, false, DType::kBF16},  // Llama-3.1-8B per channel
+      {4096, 14336, 128, 128, false, false, DType::kBF16},
+      {256, 768, 128, 32, true, false, DType::kF32},  // tiny-llama31's shapes, down in groups of 32
+      {512, 96, -1, 32, false, true, DType::kF16},    // three blocks; gptq_v2 zeros
+      {768, 1024, 128, -1, false, false, DType::kF32},  // gate/up groups inside the input halves
+  };
+  auto workspace = cuda::GemvWorkspace::create();
+  auto stream = cuda::CudaStream::create();
+  ASSERT_TRUE(workspace.ok() && stream.ok());
+  auto barrier = cuda::DeviceBuffer::allocate(8);
+  ASSERT_TRUE(barrier.ok() && barrier->fill_bytes(0).ok());
+  for (const Case& c : cases) {
+    SCOPED_TRACE("hidden " + std::to_string(c.hidden) + " intermediate " + std::to_string(c.inter) + " groups " +
+                 std::to_string(c.gate_group) + "/" + std::to_string(c.down_group));
+    TestGptq gate = make_gptq(rng, c.inter, c.hidden, 4, c.gate_group, c.symmetric),
+             up = make_gptq(rng, c.inter, c.hidden, 4, c.gate_group, c.symmetric),
+             down = make_gptq(rng, c.hidden, c.inter, 4, c.down_group, c.symmetric);
+    if (c.v2) {
+      for (TestGptq* m : {&gate, &up, &down}) {
+        to_gptq_v2(m->host);
+        auto uploaded = cuda::DeviceGptqWeights::upload(m->host.view());
+        ASSERT_TRUE(uploaded.ok()) << uploaded.status().to_string();
+        m->device = std::move(*uploaded);
+      }
+    }
+    const std::vector<float> x = random_floats(rng, c.hidden, 2.0f);
+    const StoredFloats norm = store_as(random_floats(rng, c.hidden), c.norm);
+    cuda::DeviceBuffer norm_dev = to_device(norm.bytes.data(), norm.bytes.size());
+    // The reference: x + down(fp16(SiLU(gate(fp16(n))) * up(fp16(n)))), n = RMSNorm(x).
+    std::vector<float> n(c.hidden), g(c.inter), u(c.inter), h(c.inter), want(c.hidden);
+    ref::rms_norm(x.data(), 1, c.hidden, ref::DenseMatrix{c.norm, 1, c.hidden, norm.bytes.data()}, 1e-5f, n.data());
+    const std::vector<float> n16 = round_to_f16(n);
+    ref::matmul(n16.data(), 1, gate.host.view(), g.data());
+    ref::matmul(n16.data(), 1, up.host.view(), u.data());
+    ref::silu_mul(g.data(), u.data(), c.inter, h.data());
+    const std::vector<float> h16 = round_to_f16(h);
+    ref::matmul(h16.data(), 1, down.host.view(), want.data());
+    ref::add_in_place(want.data(), x.data(), want.size());
+
+    // The fused step's two launches.
+    cuda::DeviceBuffer two = to_device(x.data(), x.size() * 4);
+    auto g_dev = cuda::DeviceBuffer::allocate(c.inter * 4), u_dev = cuda::DeviceBuffer::allocate(c.inter * 4);
+    ASSERT_TRUE(g_dev.ok() && u_dev.ok() && g_dev->fill_bytes(0).ok() && u_dev->fill_bytes(0).ok());
+    cuda::GemvOptions atomic;
+    atomic.atomic_reduce = true;
+    cuda::GemvFusion normed;
+    normed.input = cuda::GemvInput::kRmsNorm;
+    normed.norm_weight = cuda::DeviceVector{c.norm, c.hidden, norm_dev.data()};
+    normed.norm_eps = 1e-5f;
+    const cuda::GemvGroupMember gu[] = {{&gate.device.view(), g_dev->as<float>()}, {&up.device.view(), u_dev->as<float>()}};
+    cuda::GemvOptions halves = atomic;  // the fused kernel's gate/up sums: two input halves added into zeros
+    halves.k_splits = 2;
+    ASSERT_TRUE(cuda::gemv_gptq_grouped(gu, two.as<float>(), *workspace, nullptr, halves, normed).ok());
+    cuda::GemvFusion silu_add;
+    silu_add.input = cuda::GemvInput::kSiluMul;
+    silu_add.up = u_dev->as<float>();
+    silu_add.residual = two.as<float>();
+    ASSERT_TRUE(cuda::gemv_gptq(down.device.view(), g_dev->as<float>(), two.as<float>(), *workspace, nullptr, atomic, silu_add).ok());
+    const std::vector<float> two_launches = download_floats(two, c.hidden);
+
+    cuda::MlpFusedWeights w;
+    w.gate = &gate.device.view();
+    w.up = &up.device.view();
+    w.down = &down.device.view();
+    w.norm_weight = cuda::DeviceVector{c.norm, c.hidden, norm_dev.data()};
+    w.norm_eps = 1e-5f;
+    ASSERT_TRUE(cuda::decode_mlp_fused_supports(w).ok()) << cuda::decode_mlp_fused_supports(w).to_string();
+    auto clear_a = cuda::DeviceBuffer::allocate(4096 * 4), clear_b = cuda::DeviceBuffer::allocate(1024 * 4);
+    ASSERT_TRUE(clear_a.ok() && clear_b.ok());
+    // Launched alone, on a stream overlapped, and as a graph of three in a row (each on a fresh copy of x).
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(variant);
+      ASSERT_TRUE(clear_a->fill_bytes(0x7F).ok() && clear_b->fill_bytes(0x7F).ok());
+      cuda::MlpFusedOptions options;
+      options.overlap_previous = variant > 0;
+      options.clear[0] = {clear_a->as<float>(), 4096};
+      options.clear[2] = {clear_b->as<float>(), 1024};
+      const int launches = variant == 2 ? 3 : 1;
+      std::vector<cuda::DeviceBuffer> xs;
+      for (int i = 0; i < launches; ++i) xs.push_back(to_device(x.data(), x.size() * 4));
+      if (variant < 2) {
+        Status st = cuda::decode_mlp_fused(w, xs[0].as<float>(), barrier->as<uint32_t>(), variant ? stream->get() : nullptr, options);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+      } else {
+        ASSERT_TRUE(cuda::CudaGraph::begin_capture(stream->get()).ok());
+        Status enqueued = Status();
+        for (int i = 0; i < launches && enqueued.ok(); ++i) {
+          enqueued = cuda::decode_mlp_fused(w, xs[i].as<float>(), barrier->as<uint32_t>(), stream->get(), options);
+        }
+        auto graph = cuda::CudaGraph::end_capture(stream->get());
+        ASSERT_TRUE(enqueued.ok()) << enqueued.to_string();
+        ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+        ASSERT_TRUE(graph->launch(stream->get()).ok());
+      }
+      ASSERT_TRUE(stream->synchronize().ok() && cuda::synchronize().ok());
+      for (const cuda::DeviceBuffer& out : xs) {
+        const std::vector<float> got = download_floats(out, c.hidden);
+        EXPECT_LE(relative_l2(got, two_launches), 2e-6) << "against the two launches";
+        // The sum of squares in another order than the reference's can move an fp16 rounding by a step.
+        EXPECT_LE(relative_l2(got, want), 1e-4) << "against the reference ops";
+      }
+      uint32_t counters[2] = {1, 1};
+      ASSERT_TRUE(barrier->download(counters, 8).ok());
+      EXPECT_EQ(counters[0], 0u);
+      EXPECT_EQ(counters[1], 0u);
+      for (float v : download_floats(*clear_a, 4096)) ASSERT_EQ(v, 0.0f);
+      for (float v : download_floats(*clear_b, 1024)) ASSERT_EQ(v, 0.0f);
+    }
+  }
+  // What it does not take: 8-bit matrices, mismatched shapes, a hidden size that is no multiple of 256.
+  TestGptq gate = make_gptq(rng, 256, 256, 4, 128, true), eight = make_gptq(rng, 256, 256, 8, 128, true),
+           odd = make_gptq(rng, 256, 384, 4, 128, true);
+  cuda::MlpFusedWeights w;
+  w.gate = &gate.device.view();
+  w.up = &gate.device.view();
+  w.down = &eight.device.view();
+  w.norm_weight = cuda::DeviceVector{DType::kF32, 256, nullptr};
+  EXPECT_EQ(cuda::decode_mlp_fused_supports(w).code(), ErrorCode::kUnsupported);
+  w.down = &odd.device.view();
+  EXPECT_EQ(cuda::decode_mlp_fused_supports(w).code(), ErrorCode::kUnsupported);
+  w.down = &gate.device.view();
+  EXPECT_EQ(cuda::decode_mlp_fused(w, nullptr, barrier->as<uint32_t>(), nullptr).code(), ErrorCode::kInvalidArgument);
 }
 
 // The resident chains (kernels/cuda/resident_gemv.cu) against the same products as gemv_gptq_grouped launches,
