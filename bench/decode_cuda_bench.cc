@@ -60,7 +60,6 @@
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
 //                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
 //                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2
-//   any of them with "-fmlp": gate/up and down as one launch (CudaModelOptions::decode_fused_mlp), e.g. fused-fmlp
 //   any of them with "-attnfp32" (before "-skipN"): the fused attention kernel's float32 build instead of its
 //                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
@@ -245,11 +244,6 @@ std::string without_probe(std::string variant, uint32_t* probe) {
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
   std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
-  // "-fmlp" (anywhere after the base name): gate/up and down in one launch (CudaModelOptions::decode_fused_mlp).
-  if (const size_t at = base.find("-fmlp"); at != std::string::npos) {
-    o.decode_fused_mlp = true;
-    base.erase(at, 5);
-  }
   // "-ctxN": a KV cache of N positions (CudaModelOptions::context_length; default 4096). The fused attention
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.

@@ -16,7 +16,6 @@
 #include "petrel/kernels/cuda/gemm.h"
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
-#include "petrel/kernels/cuda/mlp_fused.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
@@ -245,9 +244,6 @@ struct CudaModel::State {
   bool fused = false;
   bool overlap = false;  // options.overlap_kernels on a GPU that has programmatic dependent launch
   cuda::DeviceBuffer attention_counters;
-  // options.decode_fused_mlp where every layer's MLP fits cuda::decode_mlp_fused: its two counters (mlp_fused.h).
-  bool mlp_fused = false;
-  cuda::DeviceBuffer mlp_barrier;
   // The resident step (options.resident_step, where cuda::ResidentGemvChains takes the checkpoint): chain 0 is
   // layer 0's q/k/v, chain l (1 .. L - 1) layer l - 1's o, gate/up and down and layer l's q/k/v, chain L the
   // last layer's o, gate/up and down.
@@ -329,16 +325,6 @@ struct CudaModel::State {
     return o;
   }
 
-  cuda::MlpFusedWeights mlp_weights(const DeviceLayer& w) const {
-    cuda::MlpFusedWeights m;
-    m.gate = &w.gate_proj.quantized.view();
-    m.up = &w.up_proj.quantized.view();
-    m.down = &w.down_proj.quantized.view();
-    m.norm_weight = w.post_attn_norm.weight;
-    m.norm_eps = static_cast<float>(config.rms_norm_eps);
-    return m;
-  }
-
   Status enqueue_fused_step(bool with_final_norm) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -396,22 +382,6 @@ struct CudaModel::State {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
                                                with_splits(atomic, options.decode_splits.o),
                                                clearing(add_to_residual, gate, c.intermediate_size)));
-      }
-      if (mlp_fused) {  // gate/up and down in one launch; it clears what gate/up and down would have
-        if ((skip & CudaModelOptions::kSkipGateUp) == 0) {
-          cuda::MlpFusedOptions mlp;
-          if (skip & CudaModelOptions::kSkipDown) mlp.probe |= cuda::kMlpProbeNoDown;  // diagnostic
-          if (skip & CudaModelOptions::kSkipMlpAdds) mlp.probe |= cuda::kMlpProbeNoAdds;
-          mlp.overlap_previous = overlap;
-          mlp.l2_prefetch = overlap && options.gemv_l2_prefetch_steps > 0;
-          if (atomic.atomic_reduce) {
-            mlp.clear[0] = {q.as<float>(), c.q_dim()};
-            mlp.clear[1] = {k.as<float>(), c.kv_dim()};
-            mlp.clear[2] = {v.as<float>(), c.kv_dim()};
-          }
-          PETREL_RETURN_IF_ERROR(cuda::decode_mlp_fused(mlp_weights(w), residual, mlp_barrier.as<uint32_t>(), s, mlp));
-        }
-        continue;
       }
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
@@ -920,7 +890,6 @@ void CudaModel::truncate(int64_t n) {
 const CudaInitTimes& CudaModel::init_times() const { return state_->init_times; }
 
 bool CudaModel::resident_step() const { return state_->resident.size() > 0; }
-bool CudaModel::fused_mlp() const { return state_->mlp_fused; }
 bool CudaModel::prefill_f16_weights() const {
   for (const DeviceLayer& l : state_->layers) {
     if (l.q_proj.f16.data) return true;
@@ -1081,14 +1050,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   if (s.fused) {
     PETREL_ASSIGN_OR_RETURN(s.attention_counters, cuda::DeviceBuffer::allocate(static_cast<size_t>(c.num_key_value_heads) * 4));
     PETREL_RETURN_IF_ERROR(s.attention_counters.fill_bytes(0));
-    if (options.decode_fused_mlp) {
-      s.mlp_fused = true;
-      for (const DeviceLayer& w : s.layers) s.mlp_fused = s.mlp_fused && cuda::decode_mlp_fused_supports(s.mlp_weights(w)).ok();
-      if (s.mlp_fused) {
-        PETREL_ASSIGN_OR_RETURN(s.mlp_barrier, cuda::DeviceBuffer::allocate(2 * sizeof(uint32_t)));
-        PETREL_RETURN_IF_ERROR(s.mlp_barrier.fill_bytes(0));
-      }
-    }
   }
   if (s.overlap && options.resident_step) {
     // Where the chains do not fit (shapes, an older GPU), the five-launch step runs (resident_step() says which).

@@ -107,11 +107,6 @@ struct CudaModelOptions {
   // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;
-  // The fused step's gate/up and down as one launch (cuda::decode_mlp_fused, kernels/cuda/mlp_fused.cu): each
-  // block computes 32 intermediate values whole and adds their down columns into the residual, so down waits for
-  // no other block's gate/up sums. Where a layer's shapes or the GPU do not fit it, the two launches run.
-  // Off until measured faster (decode bench suffix "-fmlp").
-  bool decode_fused_mlp = false;
   // The fused decode attention's blocks per KV head at most (cuda::DecodeAttentionShape::fused_max_blocks; 0:
   // one per 32 positions of the cache, at most 32, cut to what fits on the GPU at once). Sessions 17-18: capping
   // it lower at a 4,096-position cache (so that o launches during q/k/v) measured a tie.
@@ -124,9 +119,7 @@ struct CudaModelOptions {
   // the overlapped pipeline: the most that fusing it away or speeding it up could give (bench suffix -skipN;
   // docs/PERFORMANCE.md, session 19).
   uint32_t decode_skip_phases = 0;
-  // With decode_fused_mlp: kSkipGateUp leaves the whole MLP launch out, kSkipDown its down phase, kSkipMlpAdds
-  // only its adds into the residual (cuda::MlpFusedOptions::probe).
-  static constexpr uint32_t kSkipQkv = 1, kSkipAttention = 2, kSkipO = 4, kSkipGateUp = 8, kSkipDown = 16, kSkipMlpAdds = 32;
+  static constexpr uint32_t kSkipQkv = 1, kSkipAttention = 2, kSkipO = 4, kSkipGateUp = 8, kSkipDown = 16;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Constrained decoding (JSON mode, structured outputs, forced tool calls) with greedy or top-k sampling through
@@ -213,7 +206,6 @@ class CudaModel {
   int64_t device_bytes() const;    // weights, KV cache and scratch on the GPU
   bool prefill_f16_weights() const;  // whether the fp16 copies for the prompt processor were made
   bool resident_step() const;        // whether the decode step runs resident (CudaModelOptions::resident_step)
-  bool fused_mlp() const;            // whether its MLP is one launch (CudaModelOptions::decode_fused_mlp)
   const CudaInitTimes& init_times() const;
   // With options.time_steps, the GPU time of the last decode step (the input's copy, the step, the LM head and
   // the logits' or top-k's way to the host) in milliseconds; 0 otherwise. The rest of a step's wall time is

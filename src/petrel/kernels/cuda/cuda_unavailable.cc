@@ -10,7 +10,6 @@
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/gptq.h"
-#include "petrel/kernels/cuda/mlp_fused.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
@@ -76,8 +75,6 @@ Status gemv_gptq_grouped(std::span<const GemvGroupMember>, const float*, GemvWor
                          const GemvFusion&) {
   return not_built();
 }
-Status decode_mlp_fused_supports(const MlpFusedWeights&) { return not_built(); }
-Status decode_mlp_fused(const MlpFusedWeights&, float*, uint32_t*, Stream, const MlpFusedOptions&) { return not_built(); }
 Status gemv_gptq_batch(std::span<const GemvGroupMember>, const float*, int64_t, GemvWorkspace&, Stream, const GemvOptions&,
                        const GemvFusion&) {
   return not_built();
