@@ -21,6 +21,6 @@ for b in cuda cpu; do [ -f $W/$b/config.json ] || $P export --checkpoint $W/q --
 cat $W/cuda/* $W/cpu/* > /dev/null
 printf '128000' > $W/p29.txt; for i in $(seq 1 28); do printf ' %d' $((1000 + 37 * i)); done >> $W/p29.txt
 for r in $(seq 1 ${RUNS:-3}); do for b in cuda cpu; do
-  $P run -c $W/$b/config.json --backend cuda --deterministic --tokens_file $W/p29.txt -n 32 --profile $W/prof.json --log info 2>&1 >$W/out-$b.txt | grep -iE "loaded|error" | cut -c1-260
+  rm -f $W/prof.json; $P run -c $W/$b/config.json --backend cuda --deterministic --tokens_file $W/p29.txt -n 32 --profile $W/prof.json --log info 2>&1 >$W/out-$b.txt | grep -iE "loaded|error" | cut -c1-260
 done; done
-cmp $W/out-cuda.txt $W/out-cpu.txt && echo "same text (deterministic)"
+[ -s $W/out-cuda.txt ] && cmp $W/out-cuda.txt $W/out-cpu.txt && echo "same text (deterministic): $(wc -c < $W/out-cuda.txt) bytes"
