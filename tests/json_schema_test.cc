@@ -215,6 +215,70 @@ TEST(JsonSchema, RefsAreFollowedRecursiveOnesToo) {
   }
 }
 
+// allOf: the parts merged into one schema (properties and required joined, types, enums and bounds intersected,
+// a union beside a base object narrowed branch by branch); parts with nothing in common are a 400 naming allOf.
+TEST(JsonSchema, AllOfAllowsWhatEveryPartAllows) {
+  auto merged = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {
+      "pet": {"allOf": [
+          {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": ["integer", "string"]}}, "required": ["name"]},
+          {"$ref": "#/$defs/Aged"},
+          {"properties": {"name": {"maxLength": 3}}, "title": "annotations are no constraint"}]},
+      "size": {"allOf": [{"enum": ["s", "m", "l"]}, {"enum": ["m", "l", "xl"]}]},
+      "n": {"allOf": [{"type": "number", "minimum": 2}, {"type": "integer", "maximum": 5}, {"minimum": 3}]}},
+    "$defs": {"Aged": {"properties": {"age": {"type": "number", "minimum": 1}}, "required": ["age"]}}})"));
+  ASSERT_TRUE(merged.ok()) << merged.status().to_string();
+  for (const char* ok : {R"({"pet":{"name":"Rex","age":3}})", R"({"pet":{"age":1,"name":""}})", R"({"size":"m","n":3})",
+                         R"({"n":5,"size":"l"})"}) {
+    EXPECT_TRUE(accepts(**merged, ok)) << ok;
+  }
+  for (const char* bad : {R"({"pet":{"name":"Rex"}})", R"({"pet":{"age":3}})", R"({"pet":{"name":"Rexy","age":3}})",
+                          R"({"pet":{"name":"R","age":"3"}})", R"({"pet":{"name":"R","age":0}})", R"({"pet":{"name":"R","age":1.5}})",
+                          R"({"size":"s"})", R"({"size":"xl"})", R"({"n":2})", R"({"n":6})", R"({"n":3.5})"}) {
+    EXPECT_FALSE(accepts(**merged, bad)) << bad;
+  }
+  // A base object and a union of its variants (allOf distributes over anyOf): each variant with the base's keys.
+  auto variants = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {"shape": {"allOf": [
+      {"type": "object", "properties": {"kind": {"type": "string"}, "id": {"type": "integer"}}, "required": ["kind", "id"]},
+      {"anyOf": [{"properties": {"kind": {"const": "circle"}, "r": {"type": "number"}}, "required": ["r"]},
+                 {"properties": {"kind": {"const": "square"}, "side": {"type": "number"}}}]}]}}})"));
+  ASSERT_TRUE(variants.ok()) << variants.status().to_string();
+  for (const char* ok : {R"({"shape":{"kind":"circle","id":1,"r":2}})", R"({"shape":{"id":1,"kind":"square"}})",
+                         R"({"shape":{"kind":"square","side":1.5,"id":2}})"}) {
+    EXPECT_TRUE(accepts(**variants, ok)) << ok;
+  }
+  for (const char* bad : {R"({"shape":{"kind":"circle","id":1}})", R"({"shape":{"kind":"square","r":2,"id":1}})",
+                          R"({"shape":{"kind":"triangle","id":1}})", R"({"shape":{"kind":"square"}})"}) {
+    EXPECT_FALSE(accepts(**variants, bad)) << bad;
+  }
+  // A part with additionalProperties false allows only its own keys: the other parts' optional ones are dropped.
+  auto closed = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {"o": {"allOf": [
+      {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "additionalProperties": false},
+      {"properties": {"b": {"minimum": 2}, "c": {"type": "integer"}}}]}}})"));
+  ASSERT_TRUE(closed.ok()) << closed.status().to_string();
+  EXPECT_TRUE(accepts(**closed, R"({"o":{"a":1,"b":2}})"));
+  EXPECT_FALSE(accepts(**closed, R"({"o":{"a":1,"c":2}})"));
+  EXPECT_FALSE(accepts(**closed, R"({"o":{"b":1}})"));
+  // A lone allOf part beside other keywords is merged too (before, the keywords beside it were dropped).
+  auto beside = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"x": {"allOf": [{"$ref": "#/$defs/N"}], "maximum": 9}}, "$defs": {"N": {"type": "integer"}}})"));
+  ASSERT_TRUE(beside.ok()) << beside.status().to_string();
+  EXPECT_TRUE(accepts(**beside, R"({"x":9})"));
+  EXPECT_FALSE(accepts(**beside, R"({"x":10})"));
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {"type": "integer"}]}}})", "allOf: its parts allow no type in common"},
+      {R"({"type": "object", "properties": {"a": {"allOf": [{"enum": [1, 2]}, {"const": 3}]}}})", "allOf: the parts' enum/const values have none in common"},
+      {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, false]}}})", "allOf: a part is false"},
+      {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, 3]}}})", "allOf: a part must be a schema"},
+      {R"({"type": "object", "properties": {"a": {"allOf": [{"properties": {"b": {}}, "additionalProperties": false},
+          {"properties": {"c": {}}, "required": ["c"]}]}}})", "allOf: 'c' is required, but a part with additionalProperties false"},
+  };
+  for (const auto& [text, what] : bad) {
+    auto refused = JsonSchema::compile(njson::parse(text));
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_NE(refused.status().message().find(what), std::string::npos) << refused.status().message();
+  }
+}
+
 // Characters of a string as JSON Schema counts them (code points) from its UTF-8 bytes: the bytes that do not
 // continue a character.
 size_t code_points(const std::string& s) {

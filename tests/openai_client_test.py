@@ -151,8 +151,12 @@ def main():
                                                                       "properties": {"kind": {"const": "ball"}, "size": {"type": "integer"}}},
                                                                      {"type": "object", "additionalProperties": False, "required": ["kind", "sound"],
                                                                       "properties": {"kind": {"const": "bell"}, "sound": {"enum": ["ding", "dong"]}}}]},
-                                                   "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2}},
-                  "required": ["name", "age", "code", "score", "toy"]}
+                                                   "kids": {"type": "array", "items": {"enum": ["Cy", "Di"]}, "maxItems": 2},
+                                                   "home": {"allOf": [{"type": "object", "properties": {"city": {"type": "string", "maxLength": 5}},
+                                                                       "required": ["city"]},
+                                                                      {"properties": {"zip": {"type": "integer", "minimum": 1, "maximum": 99}},
+                                                                       "required": ["zip"]}]}},
+                  "required": ["name", "age", "code", "score", "toy", "home"]}
         try:
             import jsonschema
         except ImportError:

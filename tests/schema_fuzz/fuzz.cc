@@ -1,36 +1,79 @@
-// Random schemas (numbers, unions, patterns) through compile and random bytes through the automaton, under ASan/UBSan.
-#include "petrel/runtime/json_schema.h"
-#include <random>
+// Random JSON Schemas (numeric bounds and multipleOf, patterns, enums, object unions, allOf, nesting) through
+// JsonSchema::compile, random bytes through the automaton of each that compiles, and from wherever the bytes stopped a
+// bounded search for a completion: an automaton that took a prefix must never leave the model without a way to
+// finish. Built with AddressSanitizer and UndefinedBehaviorSanitizer (tests/CMakeLists.txt, scripts/schema_fuzz.sh).
+//   petrel_schema_fuzz [SCHEMAS]   exits 1 if any walk reached a dead end (each printed with its schema)
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "petrel/runtime/json_schema.h"
+
+namespace {
+
 using njson = nlohmann::json;
+
 std::mt19937_64 rng(1);
-njson rnd_schema(int depth) {
-  switch (rng() % (depth > 3 ? 6 : 9)) {
-    case 0: { njson s = {{"type", "integer"}}; if (rng()%2) s["minimum"] = (double)(int64_t)(rng()%2000) - 1000 + (rng()%2 ? 0.5 : 0);
-              if (rng()%2) s["maximum"] = (double)(int64_t)(rng()%2000) - 500; if (rng()%2) s["multipleOf"] = std::vector<double>{0.5, 3, 7, 1e-3, 1e20, 0.1}[rng()%6]; return s; }
-    case 1: { njson s = {{"type", "number"}}; if (rng()%2) s["exclusiveMinimum"] = std::ldexp((double)(rng()%1000) - 500, (int)(rng()%80) - 40);
-              if (rng()%2) s["maximum"] = std::ldexp((double)(rng()%1000), (int)(rng()%80) - 40); if (rng()%3 == 0) s["multipleOf"] = std::vector<double>{0.25, 0.01, 5, 1e-9, 1e-12, 2.5e-3}[rng()%6]; return s; }
-    case 2: return {{"type", "string"}, {"pattern", std::vector<std::string>{"^a+$", "[0-9]{2}", "^(x|yz)*$", "b"}[rng()%4]}};
+
+template <typename T>
+T pick(const std::vector<T>& options) {
+  return options[rng() % options.size()];
+}
+
+bool coin() { return rng() % 2 == 0; }
+
+njson random_schema(int depth);
+
+njson random_object(int depth, int max_properties, char first) {
+  njson o = {{"type", "object"}, {"properties", njson::object()}};
+  for (int i = static_cast<int>(rng() % max_properties); i >= 0; --i) {
+    o["properties"][std::string(1, static_cast<char>(first + rng() % 5))] = random_schema(depth + 1);
+  }
+  if (coin()) o["required"] = {o["properties"].begin().key()};
+  return o;
+}
+
+njson random_schema(int depth) {
+  switch (rng() % (depth > 3 ? 6 : 10)) {
+    case 0: {
+      njson s = {{"type", "integer"}};
+      if (coin()) s["minimum"] = static_cast<double>(static_cast<int64_t>(rng() % 2000) - 1000) + (coin() ? 0.0 : 0.5);
+      if (coin()) s["maximum"] = static_cast<double>(static_cast<int64_t>(rng() % 2000) - 500);
+      if (coin()) s["multipleOf"] = pick<double>({0.5, 3, 7, 1e-3, 1e20, 0.1});
+      return s;
+    }
+    case 1: {
+      njson s = {{"type", "number"}};
+      if (coin()) s["exclusiveMinimum"] = std::ldexp(static_cast<double>(rng() % 1000) - 500, static_cast<int>(rng() % 80) - 40);
+      if (coin()) s["maximum"] = std::ldexp(static_cast<double>(rng() % 1000), static_cast<int>(rng() % 80) - 40);
+      if (rng() % 3 == 0) s["multipleOf"] = pick<double>({0.25, 0.01, 5, 1e-9, 1e-12, 2.5e-3});
+      return s;
+    }
+    case 2: return {{"type", "string"}, {"pattern", pick<std::string>({"^a+$", "[0-9]{2}", "^(x|yz)*$", "b"})}};
     case 3: return {{"enum", {"a", "b", 1, nullptr}}};
     case 4: return {{"type", "boolean"}};
-    case 5: return {{"const", std::string(1, (char)('a' + rng()%3))}};
-    case 6: case 7: {
-      njson o = {{"type", "object"}, {"properties", njson::object()}};
-      for (int i = rng()%4; i >= 0; --i) o["properties"][std::string(1, (char)('p' + rng()%5))] = rnd_schema(depth + 1);
-      if (rng()%2 && !o["properties"].empty()) o["required"] = {o["properties"].begin().key()};
-      return o; }
-    default: {
-      njson a = njson::array();
-      for (int i = rng()%3 + 1; i >= 0; --i) { njson o = {{"type", "object"}, {"properties", njson::object()}};
-        for (int j = rng()%3; j >= 0; --j) o["properties"][std::string(1, (char)('p' + rng()%4))] = rnd_schema(depth + 2);
-        a.push_back(o); }
-      if (rng()%3 == 0) a.push_back({{"type", "null"}});
-      return {{"anyOf", a}}; }
+    case 5: return {{"const", std::string(1, static_cast<char>('a' + rng() % 3))}};
+    case 6:
+    case 7: return random_object(depth, 4, 'p');
+    case 8: {  // a union of objects (pydantic's Union of models), sometimes with null
+      njson branches = njson::array();
+      for (int i = static_cast<int>(rng() % 3) + 1; i >= 0; --i) branches.push_back(random_object(depth + 1, 3, 'p'));
+      if (rng() % 3 == 0) branches.push_back({{"type", "null"}});
+      return {{"anyOf", branches}};
+    }
+    default: {  // allOf of objects whose properties overlap, sometimes narrowing numbers or joining a union
+      njson parts = njson::array({random_object(depth + 1, 3, 'p'), random_object(depth + 1, 3, 'r')});
+      if (coin()) parts.push_back({{"properties", {{"p", {{"type", "integer"}, {"minimum", static_cast<int>(rng() % 50)}}}}}});
+      if (rng() % 3 == 0) parts.push_back({{"anyOf", {random_object(depth + 2, 2, 'p'), random_object(depth + 2, 2, 't')}}});
+      return {{"allOf", parts}};
+    }
   }
 }
-// Some completion of `p` ends the value (depth-first over bytes a generator would write, a bounded search):
-// an automaton that took a prefix must never leave the model without a way to finish.
+
+// Some completion of `p` ends the value (depth-first over the bytes a generator would write, a bounded search).
 bool completes(const petrel::SchemaPrefix& p, int depth, long& budget) {
   if (p.complete()) return true;
   if (depth == 0 || --budget < 0) return false;
@@ -42,22 +85,24 @@ bool completes(const petrel::SchemaPrefix& p, int depth, long& budget) {
   return false;
 }
 
+}  // namespace
+
 int main(int argc, char** argv) {
   const int schemas = argc > 1 ? std::atoi(argv[1]) : 20000;
   int compiled = 0, fed = 0, dead = 0;
   const std::string alphabet = "{}[]\":, -0123456789.eEtruefalsnabcpqrstxyz\\";
   for (int t = 0; t < schemas; ++t) {
-    njson root = {{"type", "object"}, {"properties", {{"r", rnd_schema(0)}, {"s", rnd_schema(1)}}}};
-    auto s = petrel::JsonSchema::compile(root);
-    if (!s.ok()) continue;
+    const njson root = {{"type", "object"}, {"properties", {{"r", random_schema(0)}, {"s", random_schema(1)}}}};
+    auto schema = petrel::JsonSchema::compile(root);
+    if (!schema.ok()) continue;
     ++compiled;
-    for (int k = 0; k < 20; ++k) {
-      petrel::SchemaPrefix p(s->get());
-      std::string text = rng()%2 ? "{\"r\": " : "{\"s\": ";
+    for (int walk = 0; walk < 20; ++walk) {
+      petrel::SchemaPrefix p(schema->get());
+      std::string text = coin() ? "{\"r\": " : "{\"s\": ";
       p.feed(std::string_view(text));
       for (int i = 0; i < 40; ++i) {
         const char c = alphabet[rng() % alphabet.size()];
-        if (p.feed((unsigned char)c)) {
+        if (p.feed(static_cast<unsigned char>(c))) {
           ++fed;
           text.push_back(c);
         }
@@ -69,6 +114,6 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("compiled %d, bytes taken %d, dead ends %d\n", compiled, fed, dead);
+  std::printf("compiled %d of %d, bytes taken %d, dead ends %d\n", compiled, schemas, fed, dead);
   return dead > 0;
 }

@@ -6,6 +6,7 @@
 #include <set>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 
 #include "petrel/runtime/token_mask.h"
@@ -261,6 +262,115 @@ njson without_annotations(const njson& schema) {
   return out;
 }
 
+
+// Keywords that say nothing about which values are allowed (annotations, and the places schemas are kept).
+bool is_annotation_key(const std::string& k) {
+  return k == "title" || k == "description" || k == "examples" || k == "default" || k == "$comment" || k == "$defs" ||
+         k == "definitions" || k == "$schema" || k == "$id" || k == "deprecated" || k == "readOnly" || k == "writeOnly";
+}
+
+// Whether `s` has a keyword besides `except` that constrains values.
+bool constrains_besides(const njson& s, const char* except) {
+  if (!s.is_object()) return false;
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    if (it.key() != except && !is_annotation_key(it.key())) return true;
+  }
+  return false;
+}
+
+// A schema with an allOf that compile merges (JsonSchema::merge_all_of): several parts, or one beside other
+// constraining keywords. A lone part beside annotations (pydantic v1's wrapper of a $ref) is followed by resolve().
+bool merges_all_of(const njson& s) {
+  if (!s.is_object()) return false;
+  const auto all = s.find("allOf");
+  return all != s.end() && all->is_array() && !all->empty() && (all->size() > 1 || constrains_besides(s, "allOf"));
+}
+
+std::vector<std::string> type_names(const njson& t) {
+  std::vector<std::string> names;
+  for (const njson& n : t.is_array() ? t : njson::array({t})) {
+    if (n.is_string()) names.push_back(n.get<std::string>());
+  }
+  return names;
+}
+
+// `into` narrowed by the keywords of `part` (both schema objects), for allOf: types intersected (an integer is a
+// number), properties joined (a property in both becomes the allOf of its two schemas), required joined, enum and
+// const intersected, the tighter of two bounds and lengths, items as the allOf of both, additionalProperties false
+// if either says so. Other keywords (pattern, format, multipleOf, anyOf, ...) that both give: the first's stays
+// (the second's is not enforced; docs/SERVER.md).
+// `both(a, b)` merges two schemas of one property or of the items (JsonSchema::merge_all_of, so that a union sees
+// the merged property's const or type).
+using MergeTwo = std::function<Result<njson>(const njson&, const njson&)>;
+Status merge_into(njson& into, const njson& part, const std::string& where, const MergeTwo& both) {
+  static const std::set<std::string> kLower = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"};
+  static const std::set<std::string> kUpper = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"};
+  for (auto it = part.begin(); it != part.end(); ++it) {
+    const std::string& k = it.key();
+    const njson& v = it.value();
+    if (is_annotation_key(k)) continue;
+    if (k == "enum" || k == "const") {
+      const njson theirs = k == "const" ? njson::array({v}) : v;
+      if (!theirs.is_array()) return invalid_argument(where + "allOf: enum must be an array");
+      if (!into.contains("enum") && !into.contains("const")) {
+        into[k] = v;
+        continue;
+      }
+      const njson mine = into.contains("const") ? njson::array({into["const"]}) : into["enum"];
+      njson common = njson::array();
+      for (const njson& x : mine.is_array() ? mine : njson::array()) {
+        if (std::find(theirs.begin(), theirs.end(), x) != theirs.end()) common.push_back(x);
+      }
+      if (common.empty()) return invalid_argument(where + "allOf: the parts' enum/const values have none in common");
+      into.erase("const");
+      into["enum"] = std::move(common);
+      continue;
+    }
+    if (!into.contains(k)) {
+      into[k] = v;
+      continue;
+    }
+    njson& mine = into[k];
+    if (k == "type") {
+      const std::vector<std::string> a = type_names(mine), b = type_names(v);
+      auto has = [](const std::vector<std::string>& names, const char* n) {
+        return std::find(names.begin(), names.end(), n) != names.end();
+      };
+      njson common = njson::array();
+      for (const std::string& t : a) {
+        std::string kept;
+        if (has(b, t.c_str())) kept = t;
+        else if ((t == "integer" && has(b, "number")) || (t == "number" && has(b, "integer"))) kept = "integer";
+        if (!kept.empty() && std::find(common.begin(), common.end(), kept) == common.end()) common.push_back(kept);
+      }
+      if (common.empty()) return invalid_argument(where + "allOf: its parts allow no type in common");
+      mine = common.size() == 1 ? common[0] : common;
+    } else if (k == "properties" && mine.is_object() && v.is_object()) {
+      for (auto p = v.begin(); p != v.end(); ++p) {
+        if (!mine.contains(p.key())) {
+          mine[p.key()] = p.value();
+        } else if (without_annotations(mine[p.key()]) != without_annotations(p.value())) {
+          PETREL_ASSIGN_OR_RETURN(mine[p.key()], both(mine[p.key()], p.value()));
+        }
+      }
+    } else if (k == "required" && mine.is_array() && v.is_array()) {
+      for (const njson& name : v) {
+        if (std::find(mine.begin(), mine.end(), name) == mine.end()) mine.push_back(name);
+      }
+    } else if (kLower.count(k) && mine.is_number() && v.is_number()) {
+      if (v.get<double>() > mine.get<double>()) mine = v;
+    } else if (kUpper.count(k) && mine.is_number() && v.is_number()) {
+      if (v.get<double>() < mine.get<double>()) mine = v;
+    } else if (k == "items") {
+      if (without_annotations(mine) != without_annotations(v)) {
+        PETREL_ASSIGN_OR_RETURN(mine, both(mine, v));
+      }
+    } else if (k == "additionalProperties") {
+      if (v.is_boolean() && !v.get<bool>()) mine = false;
+    }
+  }
+  return ok_status();
+}
 }  // namespace
 
 Status JsonSchema::add_object_union(const std::vector<const njson*>& parts, const std::string& where, int depth,
@@ -378,6 +488,68 @@ Status JsonSchema::add_object_union(const std::vector<const njson*>& parts, cons
   return ok_status();
 }
 
+Result<njson> JsonSchema::merge_all_of(const njson& schema, const std::string& where, int depth) {
+  if (depth > kMaxSchemaDepth) return invalid_argument(where + "allOf: nested deeper than " + std::to_string(kMaxSchemaDepth));
+  njson merged = schema;
+  merged.erase("allOf");
+  const MergeTwo both = [&](const njson& a, const njson& b) -> Result<njson> {
+    return merge_all_of(njson{{"allOf", njson::array({a, b})}}, where, depth + 1);
+  };
+  // Parts with additionalProperties false allow only their own properties, whatever the other parts list.
+  std::vector<std::set<std::string>> closed;
+  auto note_closed = [&](const njson& part) {
+    const auto extra = part.find("additionalProperties");
+    if (extra == part.end() || !extra->is_boolean() || extra->get<bool>()) return;
+    std::set<std::string>& keys = closed.emplace_back();
+    if (const auto props = part.find("properties"); props != part.end() && props->is_object()) {
+      for (auto p = props->begin(); p != props->end(); ++p) keys.insert(p.key());
+    }
+  };
+  note_closed(merged);
+  for (const njson& written : schema["allOf"]) {
+    PETREL_ASSIGN_OR_RETURN(const njson* part, resolve(written, where + "allOf."));
+    if (part->is_boolean()) {
+      if (part->get<bool>()) continue;
+      return invalid_argument(where + "allOf: a part is false, so nothing is allowed");
+    }
+    if (!part->is_object()) return invalid_argument(where + "allOf: a part must be a schema, not " + part->dump());
+    njson inner;
+    if (merges_all_of(*part)) {
+      PETREL_ASSIGN_OR_RETURN(inner, merge_all_of(*part, where, depth + 1));
+      part = &inner;
+    }
+    note_closed(*part);
+    PETREL_RETURN_IF_ERROR(merge_into(merged, *part, where, both));
+  }
+  if (!closed.empty() && merged.contains("properties") && merged["properties"].is_object()) {
+    njson kept = njson::object();
+    for (auto p = merged["properties"].begin(); p != merged["properties"].end(); ++p) {
+      const bool everywhere = std::all_of(closed.begin(), closed.end(), [&](const std::set<std::string>& keys) { return keys.count(p.key()) > 0; });
+      if (everywhere) {
+        kept[p.key()] = p.value();
+      } else if (merged.contains("required") && merged["required"].is_array() &&
+                 std::find(merged["required"].begin(), merged["required"].end(), p.key()) != merged["required"].end()) {
+        return invalid_argument(where + "allOf: '" + p.key() + "' is required, but a part with additionalProperties false does not allow it");
+      }
+    }
+    merged["properties"] = std::move(kept);
+  }
+  // An anyOf beside other keywords (a base object and a union of its variants): each branch narrowed by them, as
+  // allOf distributes over anyOf; the compiler then sees a union of whole schemas.
+  for (const char* key : {"anyOf", "oneOf"}) {
+    if (!merged.contains(key) || !merged[key].is_array() || !constrains_besides(merged, key)) continue;
+    njson base = merged;
+    base.erase(key);
+    njson branches = njson::array();
+    for (const njson& branch : merged[key]) {
+      PETREL_ASSIGN_OR_RETURN(njson narrowed, merge_all_of(njson{{"allOf", njson::array({base, branch})}}, where, depth + 1));
+      branches.push_back(std::move(narrowed));
+    }
+    return njson{{"anyOf", std::move(branches)}};
+  }
+  return merged;
+}
+
 Result<const njson*> JsonSchema::resolve(const njson& schema, const std::string& where) const {
   const njson* s = &schema;
   for (int hops = 0; s->is_object(); ++hops) {
@@ -397,7 +569,7 @@ Result<const njson*> JsonSchema::resolve(const njson& schema, const std::string&
       }
       continue;
     }
-    if (const auto all = s->find("allOf"); all != s->end() && all->is_array() && all->size() == 1) {
+    if (const auto all = s->find("allOf"); all != s->end() && all->is_array() && all->size() == 1 && !merges_all_of(*s)) {
       s = &(*all)[0];
       continue;
     }
@@ -410,10 +582,16 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   if (depth > kMaxSchemaDepth) return invalid_argument(where + ": nested deeper than " + std::to_string(kMaxSchemaDepth));
   PETREL_ASSIGN_OR_RETURN(const njson* resolved, resolve(written, where));
   if (const auto known = compiled_.find(resolved); known != compiled_.end()) return known->second;
-  const njson& schema = *resolved;
   const int32_t index = static_cast<int32_t>(nodes_.size());
   nodes_.emplace_back();
-  compiled_.emplace(resolved, index);
+  compiled_.emplace(resolved, index);  // before merging: a recursive reference to it finds this node
+  const njson* source = resolved;
+  if (merges_all_of(*resolved)) {  // allOf: compiled as the one schema its parts make together
+    PETREL_ASSIGN_OR_RETURN(njson merged, merge_all_of(*resolved, where, 0));
+    synthetic_.push_back(std::move(merged));
+    source = &synthetic_.back();
+  }
+  const njson& schema = *source;
   if (schema.is_boolean() || (schema.is_object() && schema.empty())) return index;  // true / {}: anything
   if (!schema.is_object()) return invalid_argument(where + ": a schema must be an object, not " + schema.dump());
   Node node;

@@ -116,6 +116,9 @@ class JsonSchema {
  private:
   Result<int32_t> add(const nlohmann::json& schema, const std::string& where, int depth);
   Result<const nlohmann::json*> resolve(const nlohmann::json& schema, const std::string& where) const;
+  // allOf of several schemas (or one beside other keywords) as one schema that every part allows, for the
+  // keywords petrel reads; an anyOf beside other keywords distributed into its branches (json_schema.cc).
+  Result<nlohmann::json> merge_all_of(const nlohmann::json& schema, const std::string& where, int depth);
   // Node `index` (being built in `node`) as the union of the object schemas `parts` (Node::key_branches...).
   Status add_object_union(const std::vector<const nlohmann::json*>& parts, const std::string& where, int depth,
                           int32_t index, Node& node);
