@@ -60,7 +60,6 @@
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
 //                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
 //                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2
-//   any of them with "-o4": o's GEMV with four batches of loads in flight (CudaModelOptions::decode_o_four_batches)
 //   any of them with "-attnfp32" (before "-skipN"): the fused attention kernel's float32 build instead of its
 //                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
@@ -245,12 +244,6 @@ std::string without_probe(std::string variant, uint32_t* probe) {
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
   std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
-  // "-o4" (anywhere after the base name): o's GEMV with four batches of loads in flight
-  // (CudaModelOptions::decode_o_four_batches).
-  if (const size_t at = base.find("-o4"); at != std::string::npos) {
-    o.decode_o_four_batches = true;
-    base.erase(at, 3);
-  }
   // "-ctxN": a KV cache of N positions (CudaModelOptions::context_length; default 4096). The fused attention
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.

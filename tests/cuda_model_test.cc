@@ -313,9 +313,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   EXPECT_EQ(cuda_logits(**model, tokens, serial), overlapped);
   serial.use_graph = false;
   EXPECT_EQ(cuda_logits(**model, tokens, serial), overlapped);
-  CudaModelOptions o4 = fused;  // o with four batches of loads in flight: the same bits
-  o4.decode_o_four_batches = true;
-  EXPECT_EQ(cuda_logits(**model, tokens, o4), overlapped);
   CudaModelOptions cluster = fused;  // split-K sums through thread-block clusters: the same bits
   cluster.gemv_cluster_reduce = true;
   EXPECT_EQ(cuda_logits(**model, tokens, cluster), overlapped);

@@ -720,16 +720,6 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
             }
             if (!overlap) without_overlap = first;
             else EXPECT_EQ(first, without_overlap) << "overlap changed the bits";
-            if (input == cuda::GemvInput::kPlain && c.bits == 4) {  // four batches in flight: the same bits
-              cuda::GemvOptions four = options;
-              four.four_batches = true;
-              for (cuda::DeviceBuffer& y : outputs) ASSERT_TRUE(y.fill_bytes(0xFF).ok());
-              Status st = cuda::gemv_gptq_grouped(members, x_dev.as<float>(), *workspace, nullptr, four, fusion);
-              ASSERT_TRUE(st.ok()) << st.to_string();
-              for (size_t i = 0; i < matrices.size(); ++i) {
-                EXPECT_EQ(download_floats(outputs[i], matrices[i].host.rows), first[i]) << "four batches, matrix " << i;
-              }
-            }
           }
         }
       }

@@ -379,10 +379,8 @@ struct CudaModel::State {
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
       if (!(skip & CudaModelOptions::kSkipO)) {
-        cuda::GemvOptions o_options = with_splits(atomic, options.decode_splits.o);
-        o_options.four_batches = options.decode_o_four_batches;
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
-                                               o_options,
+                                               with_splits(atomic, options.decode_splits.o),
                                                clearing(add_to_residual, gate, c.intermediate_size)));
       }
       cuda::GemvFusion post_attention_norm = input_norm;

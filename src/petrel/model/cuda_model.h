@@ -107,9 +107,6 @@ struct CudaModelOptions {
   // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;
-  // The fused step's o GEMV with four batches of weight loads in flight (cuda::GemvOptions::four_batches): its
-  // 16-step slices wholly in registers before it waits for attention. Decode bench suffix "-o4".
-  bool decode_o_four_batches = false;
   // The fused decode attention's blocks per KV head at most (cuda::DecodeAttentionShape::fused_max_blocks; 0:
   // one per 32 positions of the cache, at most 32, cut to what fits on the GPU at once). Sessions 17-18: capping
   // it lower at a 4,096-position cache (so that o launches during q/k/v) measured a tie.

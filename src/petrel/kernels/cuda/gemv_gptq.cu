@@ -205,7 +205,6 @@ struct GemvArgs {
   int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
-  int four_batches;      // GemvOptions::four_batches (the plain 4-bit vector kernel)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -543,9 +542,6 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // docs/PERFORMANCE.md): the first register batches after the wait (only L2 prefetch before it) for o, -1.7%
 // tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
 constexpr unsigned kBuildDeep = 1;
-// kBuildFour: four batches (16 steps) in flight, for the plain-input product (o): a slice of o's (16 steps in 8
-// slices) is then wholly in registers before the wait (GemvOptions::four_batches).
-constexpr unsigned kBuildFour = 2;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kDeep = kBuild & kBuildDeep;
@@ -614,12 +610,11 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // bandwidth, 146 -> 126 us a token: session 15) and the kDeep builds (launch_one), two for the others (three
   // cost the 4-bit token generator's layers 1.1% when every product had them, and group 128 ~1% even for the
   // RMSNorm products alone: session 16). 8-bit at three: 120-127 registers, 4-bit 119; still 4 blocks an SM.
-  constexpr int kInFlight = (kBuild & kBuildFour) ? 4 : (kBits == 8 || kDeep) && !kBatched ? 3 : 2;
-  uint4 ping[kBatch], pong[kBatch], pang[kBatch], pung[kBatch];
+  constexpr int kInFlight = (kBits == 8 || kDeep) && !kBatched ? 3 : 2;
+  uint4 ping[kBatch], pong[kBatch], pang[kBatch];
   load_batch(v, ping, 0);
   load_batch(v, pong, kBatch);
-  if constexpr (kInFlight >= 3) load_batch(v, pang, 2 * kBatch);
-  if constexpr (kInFlight == 4) load_batch(v, pung, 3 * kBatch);
+  if constexpr (kInFlight == 3) load_batch(v, pang, 2 * kBatch);
 
   // This group's scales and zeros, and the next group's, loaded while this one is computed; the pointers step
   // one group (a row of scales, a row of zeros) at a time.
@@ -904,13 +899,9 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       if (first + kRound < slice.steps) load_batch(v, ping, first + kRound);
       if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
       if (first + kBatch + kRound < slice.steps) load_batch(v, pong, first + kBatch + kRound);
-      if constexpr (kInFlight >= 3) {
+      if constexpr (kInFlight == 3) {
         if (first + 2 * kBatch < slice.steps) compute_batch(pang, first + 2 * kBatch);
         if (first + 2 * kBatch + kRound < slice.steps) load_batch(v, pang, first + 2 * kBatch + kRound);
-      }
-      if constexpr (kInFlight == 4) {
-        if (first + 3 * kBatch < slice.steps) compute_batch(pung, first + 3 * kBatch);
-        if (first + 3 * kBatch + kRound < slice.steps) load_batch(v, pung, first + 3 * kBatch + kRound);
       }
     }
     promote();
@@ -1082,9 +1073,6 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
     if constexpr (kInput == GemvInput::kRmsNorm) {
       if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
-    if constexpr (kInput == GemvInput::kPlain) {
-      if (args.four_batches) return launch_build<kBits, kInput, 0, kBuildFour>(grid, shared, stream, overlap, args);
-    }
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
 }
@@ -1198,7 +1186,6 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.x_stride_bytes = static_cast<int>(plan.x_stride_bytes);
   if (tokens > 0) args.cluster_reduce = 0;
   args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
-  args.four_batches = options.four_batches;
   for (int c = 0; c < 2; ++c) {
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;

@@ -97,10 +97,6 @@ struct GemvOptions {
   // adds varies from run to run, so with more than two slices y is no longer bitwise reproducible (two slices
   // into zeros are: a + b == b + a). Vector kernels (the token generator); ignored with cluster_reduce.
   bool atomic_reduce = false;
-  // The plain-input 4-bit vector kernel (the token generator's o) keeps four batches of 4 steps of loads in flight
-  // instead of two, so that a slice of 16 steps is wholly in registers before the wait (more registers: 3 blocks
-  // an SM). Same arithmetic, same bits.
-  bool four_batches = false;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
