@@ -295,9 +295,9 @@ std::vector<std::string> type_names(const njson& t) {
 }
 
 // `into` narrowed by the keywords of `part` (both schema objects), for allOf: types intersected (an integer is a
-// number), properties joined (a property in both becomes the allOf of its two schemas), required joined, enum and
-// const intersected, the tighter of two bounds and lengths, items as the allOf of both, additionalProperties false
-// if either says so. Other keywords (pattern, format, multipleOf, anyOf, ...) that both give: the first's stays
+// number), properties joined (a property in both: its two schemas merged by `both`), required joined, enum and
+// const intersected, the tighter of two bounds and lengths, items merged by `both`, additionalProperties false if
+// either says so. Other keywords (pattern, format, multipleOf, anyOf, ...) that both give: the first's stays
 // (the second's is not enforced; docs/SERVER.md).
 // `both(a, b)` merges two schemas of one property or of the items (JsonSchema::merge_all_of, so that a union sees
 // the merged property's const or type).
