@@ -258,6 +258,13 @@ TEST(JsonSchema, AllOfAllowsWhatEveryPartAllows) {
   EXPECT_TRUE(accepts(**closed, R"({"o":{"a":1,"b":2}})"));
   EXPECT_FALSE(accepts(**closed, R"({"o":{"a":1,"c":2}})"));
   EXPECT_FALSE(accepts(**closed, R"({"o":{"b":1}})"));
+  // A recursive schema narrowed by allOf: its references stay references (one node for the recursion).
+  auto recursive = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {
+      "n": {"allOf": [{"$ref": "#/$defs/Node"}, {"required": ["v"]}]}},
+    "$defs": {"Node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/Node"}}}}})"));
+  ASSERT_TRUE(recursive.ok()) << recursive.status().to_string();
+  EXPECT_TRUE(accepts(**recursive, R"({"n":{"v":1,"next":{"next":{}}}})"));
+  EXPECT_FALSE(accepts(**recursive, R"({"n":{"next":{}}})"));
   // A lone allOf part beside other keywords is merged too (before, the keywords beside it were dropped).
   auto beside = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"x": {"allOf": [{"$ref": "#/$defs/N"}], "maximum": 9}}, "$defs": {"N": {"type": "integer"}}})"));
@@ -269,6 +276,10 @@ TEST(JsonSchema, AllOfAllowsWhatEveryPartAllows) {
       {R"({"type": "object", "properties": {"a": {"allOf": [{"enum": [1, 2]}, {"const": 3}]}}})", "allOf: the parts' enum/const values have none in common"},
       {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, false]}}})", "allOf: a part is false"},
       {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, 3]}}})", "allOf: a part must be a schema"},
+      {R"({"type": "object", "properties": {"m": {"allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}}, "$defs": {
+          "A": {"type": "object", "properties": {"a": {"type": "integer"}, "next": {"$ref": "#/$defs/A"}}},
+          "B": {"type": "object", "properties": {"b": {"type": "integer"}, "next": {"$ref": "#/$defs/B"}}}}})",
+       "properties.m.allOf: its parts merge deeper than 16 levels (two different recursive schemas cannot be merged)"},
       {R"({"type": "object", "properties": {"a": {"allOf": [{"properties": {"b": {}}, "additionalProperties": false},
           {"properties": {"c": {}}, "required": ["c"]}]}}})", "allOf: 'c' is required, but a part with additionalProperties false"},
   };

@@ -489,7 +489,10 @@ Status JsonSchema::add_object_union(const std::vector<const njson*>& parts, cons
 }
 
 Result<njson> JsonSchema::merge_all_of(const njson& schema, const std::string& where, int depth) {
-  if (depth > kMaxSchemaDepth) return invalid_argument(where + "allOf: nested deeper than " + std::to_string(kMaxSchemaDepth));
+  if (depth > kMaxSchemaDepth) {
+    return invalid_argument(where + "allOf: its parts merge deeper than " + std::to_string(kMaxSchemaDepth) +
+                            " levels (two different recursive schemas cannot be merged)");
+  }
   njson merged = schema;
   merged.erase("allOf");
   const MergeTwo both = [&](const njson& a, const njson& b) -> Result<njson> {
