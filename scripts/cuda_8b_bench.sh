@@ -14,12 +14,7 @@
 # W4ONLY=0 skips the pp512 bench without the fp16 weight copies.
 # Logs and profiles go to $OUT.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
-if [ ! -d /work/main/tests/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-export LD_LIBRARY_PATH=/tmp/pkg/lib
-. scripts/cuda_libs.sh
-P=/tmp/pkg/bin/petrel
+. scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
 W=/tmp/w8b; mkdir -p $W
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 if [ ! -f $W/random/config.json ]; then

@@ -3,13 +3,7 @@
 # the uploader's tests, then init (`petrel run --log info`) and, with --deterministic, the same text. From binaries packed
 # here by `scripts/cuda_pack.sh build` (run tool: command `bash scripts/cuda_cpu_bundle_on_gpu.sh`, carry [".gl"]).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
-if [ ! -d /work/main/tests/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-mkdir -p /work/main/build && ln -sf /tmp/pkg/bin/petrel /work/main/build/petrel
-export LD_LIBRARY_PATH=/tmp/pkg/lib
-. scripts/cuda_libs.sh
-B=/tmp/pkg/bin; P=$B/petrel
+. scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
 $B/petrel_tests --gtest_filter='KernelsCuda.HostUploader*:Backend.Gpu*' > $OUT/tests.log 2>&1; echo "tests rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" $OUT/tests.log | head; grep -A8 Failure $OUT/tests.log | head -30
 W=/tmp/w8c; mkdir -p $W

@@ -6,11 +6,7 @@
 # and 16 loads in flight), and, where Nsight Compute is installed, its stall breakdown of the fused attention
 # kernel and of the grouped GEMVs.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
-export LD_LIBRARY_PATH=/tmp/pkg/lib
-. scripts/cuda_libs.sh
-B=/tmp/pkg/bin
+. scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
 $B/petrel_bench_decode_cuda --preset llama-3.1-8b --group -1 --reps 3 \
   --variants fused-serial,fused,fused-cluster,unfused,unfused-split16,unfused-split128 2>&1 |
   tail -9 | tee $OUT/variants.md

@@ -4,13 +4,7 @@
 # packages). Usage from the run tool: command `bash scripts/cuda_device_tests.sh`, carry [".gl"]. $OUT receives
 # tests.log and the bench logs. BENCH=0 skips the benches; GTEST_FILTER narrows the tests.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
-if [ ! -d /work/main/tests/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-mkdir -p /work/main/build && ln -sf /tmp/pkg/bin/petrel /work/main/build/petrel
-export LD_LIBRARY_PATH=/tmp/pkg/lib
-. scripts/cuda_libs.sh
-B=/tmp/pkg/bin
+. scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
 nvidia-smi -L
 t0=$(date +%s)
 $B/petrel_tests ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > $OUT/tests.log 2>&1; echo "tests rc $? in $(( $(date +%s) - t0 )) s"

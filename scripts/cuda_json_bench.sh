@@ -7,12 +7,7 @@
 #   timed by curl: ms a token = (t(200) - t(8)) / 192 (docs/PERFORMANCE.md, session 22).
 # TESTS=1 first runs the GPU tests of the constrained paths (CudaModel.*, Json*).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-tar xJf .gl/pkg.tar.xz -C /tmp || exit 1
-if [ ! -d /work/main/tests/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-export LD_LIBRARY_PATH=/tmp/pkg/lib
-. scripts/cuda_libs.sh
-B=/tmp/pkg/bin; P=$B/petrel
+. scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
 if [ "${TESTS:-0}" = 1 ]; then
   $B/petrel_tests --gtest_filter='CudaModel.*:Json*' > $OUT/tests.log 2>&1; echo "tests rc $?"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" $OUT/tests.log | head -20

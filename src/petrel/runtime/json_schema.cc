@@ -238,8 +238,14 @@ Result<uint8_t> schema_types(const njson& part, const std::string& where) {
   return types;
 }
 
-// A schema without its annotations (title, description, examples, default, $comment), at every level: two
-// branches' properties that differ only in those are the same schema.
+// Keywords that describe a value without constraining it.
+bool is_annotation(const std::string& k) {
+  return k == "title" || k == "description" || k == "examples" || k == "default" || k == "$comment" || k == "deprecated" ||
+         k == "readOnly" || k == "writeOnly" || k == "$schema" || k == "$id";
+}
+
+// A schema without its annotations (is_annotation), at every level: two branches' properties that differ only in
+// those are the same schema.
 njson without_annotations(const njson& schema) {
   if (schema.is_array()) {
     njson out = njson::array();
@@ -250,7 +256,7 @@ njson without_annotations(const njson& schema) {
   njson out = njson::object();
   for (auto it = schema.begin(); it != schema.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "title" || k == "description" || k == "examples" || k == "default" || k == "$comment") continue;
+    if (is_annotation(k)) continue;
     if ((k == "properties" || k == "$defs" || k == "definitions") && it.value().is_object()) {
       njson named = njson::object();  // names here are not keywords: a property may be called "title"
       for (auto p = it.value().begin(); p != it.value().end(); ++p) named[p.key()] = without_annotations(p.value());
@@ -264,10 +270,7 @@ njson without_annotations(const njson& schema) {
 
 
 // Keywords that say nothing about which values are allowed (annotations, and the places schemas are kept).
-bool is_annotation_key(const std::string& k) {
-  return k == "title" || k == "description" || k == "examples" || k == "default" || k == "$comment" || k == "$defs" ||
-         k == "definitions" || k == "$schema" || k == "$id" || k == "deprecated" || k == "readOnly" || k == "writeOnly";
-}
+bool is_annotation_key(const std::string& k) { return is_annotation(k) || k == "$defs" || k == "definitions"; }
 
 // Whether `s` has a keyword besides `except` that constrains values.
 bool constrains_besides(const njson& s, const char* except) {
