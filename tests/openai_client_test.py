@@ -95,8 +95,19 @@ def main():
                                                  stop=[choice.message.content[3:6]] if len(choice.message.content) > 6 else None)
         check(len(stopped.choices[0].message.content) <= len(choice.message.content), "stop sequence honoured")
 
+        # n choices: generated one after another; streamed, each chunk names its choice.
+        several = client.chat.completions.create(model="x", messages=messages, max_tokens=12, temperature=0.9, seed=11, n=3)
+        check([c.index for c in several.choices] == [0, 1, 2], "n = 3 gives choices 0, 1, 2")
+        check(several.usage.prompt_tokens == whole.usage.prompt_tokens, "n = 3 counts the prompt once")
+        check(3 <= several.usage.completion_tokens <= 3 * 12, "n = 3 counts every choice's tokens")
+        texts = {0: "", 1: ""}
+        for c in client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0, n=2, stream=True):
+            for ch in c.choices:
+                texts[ch.index] += ch.delta.content or ""
+        check(texts[0] == texts[1] == choice.message.content, "n = 2 streamed at temperature 0: two greedy answers")
+
         for bad, what in [({"messages": [{"role": "wizard", "content": "hi"}]}, "unknown role"),
-                          ({"messages": messages, "n": 2}, "n = 2"),
+                          ({"messages": messages, "n": 17}, "n = 17"),
                           ({"messages": messages, "temperature": "hot"}, "temperature as a string"),
                           ({"messages": []}, "no messages")]:
             try:

@@ -225,7 +225,8 @@ TEST(ChatRequest, RefusesBadInputNamingTheKey) {
       {"{" + user + R"(, "max_tokens": 0})", "max_tokens"},
       {"{" + user + R"(, "max_tokens": 1.5})", "max_tokens"},
       {"{" + user + R"(, "stop": [""]})", "stop"},
-      {"{" + user + R"(, "n": 3})", "n"},
+      {"{" + user + R"(, "n": 0})", "n"},
+      {"{" + user + R"(, "n": 17})", "n"},  // ServeLimits::max_choices is 16
       {"{" + user + R"(, "logprobs": "yes"})", "logprobs"},
       {"{" + user + R"(, "top_logprobs": 2})", "top_logprobs"},
       {"{" + user + R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs"},
@@ -260,8 +261,10 @@ class ScriptedGenerator : public ChatGenerator {
   bool starts_in_reasoning = false;
   ChatTurn last_turn;
   size_t pieces_sent = 0;
+  std::vector<std::optional<uint64_t>> seeds;  // each call's
   Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) override {
     last_turn = turn;
+    seeds.push_back(turn.generation.sampler.seed);
     last_tools = turn.tools ? *turn.tools : ojson();
     if (events.started) events.started(starts_in_reasoning);
     ChatOutput out;
@@ -405,6 +408,81 @@ TEST(ChatCompletion, AClientThatGoesAwayStopsTheGeneration) {
   EXPECT_EQ(gen.pieces_sent, 1u);
 }
 
+// n > 1: the choices one after another, choice i with seed + i; streamed, each choice's chunks (role first,
+// finish last) before the next one's; usage counts the prompt once.
+TEST(ChatCompletion, SeveralChoicesComeOneAfterAnother) {
+  ScriptedGenerator gen;
+  gen.pieces = {"Hello", " there", "."};
+  const std::string ask = R"({"messages": [{"role": "user", "content": "hi"}]})";
+  auto r = run_chat_completion(gen, request_of(ask.substr(0, ask.size() - 1) + R"(, "n": 3, "seed": 7})"), {}, nullptr);
+  ASSERT_TRUE(std::holds_alternative<ojson>(r));
+  const ojson& whole = std::get<ojson>(r);
+  ASSERT_EQ(whole["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(whole["choices"][i]["index"], i);
+    EXPECT_EQ(whole["choices"][i]["message"]["content"], "Hello there.");
+    EXPECT_EQ(whole["choices"][i]["finish_reason"], "stop");
+  }
+  EXPECT_EQ(whole["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 9);
+  EXPECT_EQ(whole["usage"]["total_tokens"], 19);
+  EXPECT_EQ(gen.seeds, (std::vector<std::optional<uint64_t>>{7, 8, 9}));
+
+  // Unseeded: one seed for a single choice is left to the sampler; several get a random base and its successors.
+  gen.seeds.clear();
+  run_chat_completion(gen, request_of(ask), {}, nullptr);
+  run_chat_completion(gen, request_of(ask.substr(0, ask.size() - 1) + R"(, "n": 2})"), {}, nullptr);
+  ASSERT_EQ(gen.seeds.size(), 3u);
+  EXPECT_FALSE(gen.seeds[0].has_value());
+  ASSERT_TRUE(gen.seeds[1].has_value() && gen.seeds[2].has_value());
+  EXPECT_EQ(*gen.seeds[2], *gen.seeds[1] + 1);
+
+  // Streamed.
+  std::vector<std::string> raw;
+  auto none = run_chat_completion(
+      gen, request_of(ask.substr(0, ask.size() - 1) + R"(, "n": 2, "stream": true, "stream_options": {"include_usage": true}})"), {},
+      [&](const std::string& e) {
+        raw.push_back(e);
+        return true;
+      });
+  ASSERT_TRUE(std::holds_alternative<ojson>(none));
+  const std::vector<ojson> events = events_of(raw);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(events[events.size() - 2]["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(events[events.size() - 2]["usage"]["prompt_tokens"], 10);
+  std::string content[2];
+  int roles[2] = {0, 0}, finishes[2] = {0, 0};
+  int64_t last_index = 0;
+  for (size_t k = 0; k + 2 < events.size(); ++k) {
+    const ojson& c = events[k]["choices"][0];
+    const int64_t i = c["index"].get<int64_t>();
+    ASSERT_TRUE(i == 0 || i == 1);
+    EXPECT_GE(i, last_index) << "choice 1's chunks come after choice 0's";
+    last_index = i;
+    EXPECT_EQ(finishes[i], 0) << "nothing after a choice's finish chunk";
+    if (c["delta"].contains("role")) {
+      EXPECT_EQ(content[i], "") << "the role comes first";
+      ++roles[i];
+    }
+    if (c["delta"].contains("content")) content[i] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finishes[i];
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(content[i], "Hello there.");
+    EXPECT_EQ(roles[i], 1);
+    EXPECT_EQ(finishes[i], 1);
+  }
+
+  // A client that goes away during the first choice: no second one is generated.
+  gen.seeds.clear();
+  gen.pieces = std::vector<std::string>(100, "word ");
+  int sent = 0;
+  run_chat_completion(gen, request_of(ask.substr(0, ask.size() - 1) + R"(, "n": 4, "stream": true})"), {},
+                      [&](const std::string&) { return ++sent < 5; });
+  EXPECT_EQ(gen.seeds.size(), 1u);
+}
+
 // The server's top-p is OpenAI's: applied after the temperature (Genie's sampler applies it before).
 TEST(ChatCompletion, TopPAfterTheTemperature) {
   // logits 2, 1, 0: at temperature 1 the top token has p = 0.665; at temperature 0.25, p = 0.98.
@@ -546,6 +624,37 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   }
   EXPECT_EQ(joined, expected->text);
 
+  // n = 2 at temperature 0: two copies of the greedy answer, the prompt counted once.
+  ojson two = body;
+  two["n"] = 2;
+  auto both = client.Post("/v1/chat/completions", two.dump(), "application/json");
+  ASSERT_TRUE(both);
+  ASSERT_EQ(both->status, 200) << both->body;
+  const ojson b = ojson::parse(both->body);
+  ASSERT_EQ(b["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(b["choices"][i]["index"], i);
+    EXPECT_EQ(b["choices"][i]["message"]["content"], expected->text);
+  }
+  EXPECT_EQ(b["usage"]["prompt_tokens"], r["usage"]["prompt_tokens"]);
+  EXPECT_EQ(b["usage"]["completion_tokens"], 2 * expected->stats.generated_tokens);
+  // Sampled with a seed: choice i is the single choice of seed + i, and the request repeats.
+  ojson sampled = {{"messages", messages}, {"max_tokens", 12}, {"temperature", 1.0}, {"seed", 41}, {"n", 3}};
+  auto first = client.Post("/v1/chat/completions", sampled.dump(), "application/json");
+  auto repeat = client.Post("/v1/chat/completions", sampled.dump(), "application/json");
+  ASSERT_TRUE(first && repeat);
+  const ojson f = ojson::parse(first->body);
+  ASSERT_EQ(f["choices"].size(), 3u);
+  EXPECT_EQ(f["choices"], ojson::parse(repeat->body)["choices"]);
+  for (int i = 0; i < 3; ++i) {
+    ojson one = sampled;
+    one["n"] = 1;
+    one["seed"] = 41 + i;
+    auto single = client.Post("/v1/chat/completions", one.dump(), "application/json");
+    ASSERT_TRUE(single);
+    EXPECT_EQ(ojson::parse(single->body)["choices"][0]["message"], f["choices"][i]["message"]) << "choice " << i;
+  }
+
   // Bad requests get JSON errors and the server goes on.
   auto bad = client.Post("/v1/chat/completions", "{\"messages\": 1}", "application/json");
   ASSERT_TRUE(bad);
@@ -605,6 +714,20 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
     EXPECT_EQ(r["usage"]["prompt_tokens"], static_cast<int64_t>(tokens->size()));
     EXPECT_EQ(r["choices"][0]["text"], "<|begin_of_text|>The history of" + expected->text);  // echo
   }
+  // n = 2 with echo and logprobs: each choice holds the prompt and its log-probabilities (computed once).
+  const ojson two = {{"prompt", "The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}, {"n", 2}};
+  auto both = client.Post("/v1/completions", two.dump(), "application/json");
+  ASSERT_TRUE(both);
+  ASSERT_EQ(both->status, 200) << both->body;
+  const ojson b = ojson::parse(both->body);
+  ASSERT_EQ(b["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(b["choices"][i]["index"], i);
+    EXPECT_EQ(b["choices"][i]["text"], "The history of" + expected->text);
+    EXPECT_EQ(b["choices"][i]["logprobs"]["tokens"].size(), tokens->size() + static_cast<size_t>(expected->stats.generated_tokens));
+  }
+  EXPECT_EQ(b["choices"][0]["logprobs"], b["choices"][1]["logprobs"]);
+  EXPECT_EQ(b["usage"]["completion_tokens"], 2 * expected->stats.generated_tokens);
   ojson stream_body = {{"prompt", "The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}};
   auto streamed = client.Post("/v1/completions", stream_body.dump(), "application/json");
   ASSERT_TRUE(streamed);

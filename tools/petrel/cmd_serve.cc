@@ -27,7 +27,7 @@ struct ServeFlags {
   std::string tool_format = "auto", reasoning_style = "auto", api_key;
   int port = 8080;
   int http_threads = 8, max_waiting = 8, threads = 0;
-  int64_t context_length = 4096, max_tokens = 0, default_max_tokens = 1024;
+  int64_t context_length = 4096, max_tokens = 0, default_max_tokens = 1024, max_choices = 16;
   double timeout_s = 600;
   size_t max_body_bytes = 4u << 20;
   bool deterministic = false, quiet = false, host_masks = false;
@@ -61,6 +61,7 @@ int run_serve(const ServeFlags& f) {
   c.defaults.max_tokens = f.default_max_tokens;
   c.limits.max_tokens = f.max_tokens > 0 ? f.max_tokens : f.context_length;
   c.limits.max_request_seconds = f.timeout_s;
+  c.limits.max_choices = f.max_choices;
   c.limits.max_request_bytes = f.max_body_bytes;
   if (Status s = (*generator)->configure_tools(f.tool_format, c); !s.ok()) return report_error(cmd, s);
   if (f.reasoning_style != "auto") {
@@ -115,7 +116,10 @@ void add_serve_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--top-k", f->defaults.top_k, "top-k when a request gives none (0: off)")->capture_default_str();
   cmd->add_option("--tool-format", f->tool_format, "Tool-call format: auto (from the chat template), nemotron, llama3-json, hermes, none")->capture_default_str();
   cmd->add_option("--reasoning-style", f->reasoning_style, "Reasoning switch: auto (from the template), nemotron-v1, think-flag, none")->capture_default_str();
-  cmd->add_option("--timeout", f->timeout_s, "Seconds a generation may run before it stops with finish_reason length")->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "Seconds a request may run (all its choices) before it stops with finish_reason length")->capture_default_str();
+  cmd->add_option("--max-choices", f->max_choices, "The largest n a request may ask for (its choices run one after another)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
   cmd->add_option("--max-body-bytes", f->max_body_bytes, "Largest request body accepted (413 above)")->capture_default_str();
   cmd->add_option("--http-threads", f->http_threads, "Connections served at once (one generation runs at a time)")->capture_default_str();
   cmd->add_option("--max-waiting", f->max_waiting, "Requests that may wait for the model; more get 503")->capture_default_str();

@@ -25,15 +25,32 @@ ApiError bad(std::string param, std::string message) {
   return e;
 }
 
-// Random hex for ids (chatcmpl-..., call_...): unique enough for a client to tell them apart.
-std::string random_hex(int digits) {
+// Random numbers for ids (chatcmpl-..., call_...: unique enough for a client to tell them apart) and seeds.
+uint64_t random_u64() {
   static std::mutex mutex;
   static std::mt19937_64 rng{std::random_device{}()};
   std::lock_guard<std::mutex> lock(mutex);
+  return rng();
+}
+
+std::string random_hex(int digits) {
   static const char* kHex = "0123456789abcdef";
   std::string s;
-  for (int i = 0; i < digits; ++i) s += kHex[rng() & 15];
+  uint64_t bits = 0;
+  for (int i = 0; i < digits; ++i) {
+    if (i % 16 == 0) bits = random_u64();
+    s += kHex[bits & 15];
+    bits >>= 4;
+  }
   return s;
+}
+
+// The seed of choice 0 (choice i samples with it + i): the request's; for n > 1 without one, a random base, so
+// that the choices differ; none for a single unseeded choice (the sampler seeds itself).
+std::optional<uint64_t> choice_base_seed(const SamplingRequest& r) {
+  if (r.seed) return r.seed;
+  if (r.n <= 1) return std::nullopt;
+  return random_u64();
 }
 
 const char* type_name(const ojson& v) {
@@ -225,7 +242,10 @@ std::optional<ApiError> parse_sampling(const ojson& j, const ServeLimits& limits
   }
   integer.reset();
   if (auto e = get_integer(j, "n", 1, INT64_MAX, integer)) return e;
-  if (integer && *integer != 1) return bad("n", "only n = 1 is supported");
+  if (integer && *integer > limits.max_choices) {
+    return bad("n", std::to_string(*integer) + " choices asked for; this server gives at most " + std::to_string(limits.max_choices));
+  }
+  if (integer) r.n = *integer;
   if (j.contains("stop") && !j["stop"].is_null()) {
     const ojson& s = j["stop"];
     const ojson list = s.is_string() ? ojson::array({s}) : s;
@@ -458,113 +478,136 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
 
   const std::string id = "chatcmpl-" + random_hex(24);
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  std::vector<LogprobEntry> pending_logprobs;  // streaming: generated since the last chunk, sent with the next
-  auto chunk = [&](ojson delta, ojson finish) {
-    ojson logprobs;
-    if (!pending_logprobs.empty()) {
-      logprobs = chat_logprobs(pending_logprobs);
-      pending_logprobs.clear();
-    }
-    ojson c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options.model_name},
-               {"choices", ojson::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
-    return "data: " + c.dump() + "\n\n";
-  };
-
-  // The output's text goes through the reasoning split, then (the answer) through the tool-call stream.
-  std::optional<text::ReasoningSplitter> splitter;
-  ToolCallStream calls_stream(format);
-  std::string reasoning, content;
-  bool client_gone = false, timed_out = false, role_sent = false;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(options.limits.max_request_seconds));
-  auto send = [&](const std::string& event) {
+  const std::optional<uint64_t> base_seed = choice_base_seed(request);
+  bool client_gone = false, emitted = false;
+  auto emit_event = [&](const std::string& event) {
     if (!request.stream || client_gone) return;
-    if (!role_sent) {
-      role_sent = true;
-      if (!emit(chunk({{"role", "assistant"}, {"content", ""}}, nullptr))) client_gone = true;
-    }
-    if (!client_gone && !emit(event)) client_gone = true;
+    emitted = true;
+    if (!emit(event)) client_gone = true;
   };
-  auto route = [&](const text::ReasoningSplit& split) {
-    if (!split.reasoning.empty()) {
-      reasoning += split.reasoning;
-      send(chunk({{"reasoning_content", split.reasoning}}, nullptr));
-    }
-    if (!split.answer.empty()) {
-      const std::string out = calls_stream.feed(split.answer);
-      if (!out.empty()) {
-        content += out;
-        send(chunk({{"content", out}}, nullptr));
+  ojson choices = ojson::array();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::string tool_call_error;
+
+  for (int64_t index = 0; index < request.n && !client_gone; ++index) {
+    if (base_seed) turn.generation.sampler.seed = *base_seed + static_cast<uint64_t>(index);
+    std::vector<LogprobEntry> pending_logprobs;  // streaming: generated since the last chunk, sent with the next
+    auto chunk = [&](ojson delta, ojson finish) {
+      ojson logprobs;
+      if (!pending_logprobs.empty()) {
+        logprobs = chat_logprobs(pending_logprobs);
+        pending_logprobs.clear();
       }
+      ojson c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options.model_name},
+                 {"choices", ojson::array({{{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
+      return "data: " + c.dump() + "\n\n";
+    };
+
+    // The output's text goes through the reasoning split, then (the answer) through the tool-call stream.
+    std::optional<text::ReasoningSplitter> splitter;
+    ToolCallStream calls_stream(format);
+    std::string reasoning, content;
+    bool timed_out = false, role_sent = false;
+    auto send = [&](const std::string& event) {
+      if (!request.stream || client_gone) return;
+      if (!role_sent) {
+        role_sent = true;
+        emit_event(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
+      }
+      emit_event(event);
+    };
+    auto route = [&](const text::ReasoningSplit& split) {
+      if (!split.reasoning.empty()) {
+        reasoning += split.reasoning;
+        send(chunk({{"reasoning_content", split.reasoning}}, nullptr));
+      }
+      if (!split.answer.empty()) {
+        const std::string out = calls_stream.feed(split.answer);
+        if (!out.empty()) {
+          content += out;
+          send(chunk({{"content", out}}, nullptr));
+        }
+      }
+    };
+    GenerationEvents events;
+    events.started = [&](bool starts_in_reasoning) {
+      text::ReasoningSplitter::Options o;
+      o.starts_in_reasoning = starts_in_reasoning;
+      splitter.emplace(o);
+    };
+    if (request.stream && request.logprobs >= 0) {
+      events.logprobs = [&](const LogprobEntry& e) { pending_logprobs.push_back(e); };
     }
-  };
-  GenerationEvents events;
-  events.started = [&](bool starts_in_reasoning) {
-    text::ReasoningSplitter::Options o;
-    o.starts_in_reasoning = starts_in_reasoning;
-    splitter.emplace(o);
-  };
-  if (request.stream && request.logprobs >= 0) {
-    events.logprobs = [&](const LogprobEntry& e) { pending_logprobs.push_back(e); };
+    events.text = [&](std::string_view text) {
+      if (!splitter) splitter.emplace();
+      route(splitter->feed(text));
+      if (Clock::now() > deadline) timed_out = true;
+      return !client_gone && !timed_out;
+    };
+    auto output = generator.generate(turn, events);
+    if (!output.ok()) {
+      ApiError e = api_error_from_status(output.status());
+      if (output.status().code() == ErrorCode::kOutOfRange) e.param = "messages";
+      if (!request.stream || !emitted) return e;
+      if (!client_gone) {
+        emit("data: " + e.to_json().dump() + "\n\n");
+        emit("data: [DONE]\n\n");
+      }
+      return ojson();
+    }
+    if (splitter) route(splitter->finish());
+    ParsedToolCalls parsed = calls_stream.finish();
+    if (!parsed.content.empty()) {
+      content += parsed.content;
+      send(chunk({{"content", parsed.content}}, nullptr));
+    }
+    ojson tool_calls = ojson::array();
+    for (size_t i = 0; i < parsed.calls.size(); ++i) {
+      tool_calls.push_back({{"id", "call_" + random_hex(24)}, {"type", "function"},
+                            {"function", {{"name", parsed.calls[i].name}, {"arguments", parsed.calls[i].arguments}}}});
+    }
+    if (tool_call_error.empty()) tool_call_error = parsed.error;
+    prompt_tokens = output->prompt_tokens;  // the same prompt for every choice
+    completion_tokens += output->completion_tokens;
+    const std::string finish = finish_reason_name(output->reason, !tool_calls.empty(), timed_out);
+    if (request.stream) {
+      for (size_t i = 0; i < tool_calls.size(); ++i) {
+        ojson call = tool_calls[i];
+        call["index"] = i;
+        send(chunk({{"tool_calls", ojson::array({call})}}, nullptr));
+      }
+      send(chunk(ojson::object(), finish));
+      continue;
+    }
+    // Non-streaming: the text before a call, trimmed as the parsers do; null when only calls remain.
+    if (!tool_calls.empty()) {
+      while (!content.empty() && (content.back() == '\n' || content.back() == ' ')) content.pop_back();
+    }
+    ojson message = {{"role", "assistant"}, {"content", tool_calls.empty() || !content.empty() ? ojson(content) : ojson()}};
+    if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+    if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
+    choices.push_back({{"index", index}, {"message", std::move(message)},
+                       {"logprobs", request.logprobs >= 0 ? chat_logprobs(output->logprobs) : ojson()},
+                       {"finish_reason", finish}});
   }
-  events.text = [&](std::string_view text) {
-    if (!splitter) splitter.emplace();
-    route(splitter->feed(text));
-    if (Clock::now() > deadline) timed_out = true;
-    return !client_gone && !timed_out;
-  };
-  auto output = generator.generate(turn, events);
-  if (!output.ok()) {
-    ApiError e = api_error_from_status(output.status());
-    if (output.status().code() == ErrorCode::kOutOfRange) e.param = "messages";
-    if (!request.stream || !role_sent) return e;
-    emit("data: " + e.to_json().dump() + "\n\n");
-    emit("data: [DONE]\n\n");
-    return ojson();
-  }
-  if (splitter) route(splitter->finish());
-  ParsedToolCalls parsed = calls_stream.finish();
-  if (!parsed.content.empty()) {
-    content += parsed.content;
-    send(chunk({{"content", parsed.content}}, nullptr));
-  }
-  ojson tool_calls = ojson::array();
-  for (size_t i = 0; i < parsed.calls.size(); ++i) {
-    tool_calls.push_back({{"id", "call_" + random_hex(24)}, {"type", "function"},
-                          {"function", {{"name", parsed.calls[i].name}, {"arguments", parsed.calls[i].arguments}}}});
-  }
-  const std::string finish = finish_reason_name(output->reason, !tool_calls.empty(), timed_out);
-  const ojson usage = {{"prompt_tokens", output->prompt_tokens},
-                       {"completion_tokens", output->completion_tokens},
-                       {"total_tokens", output->prompt_tokens + output->completion_tokens}};
+
+  const ojson usage = {{"prompt_tokens", prompt_tokens},
+                       {"completion_tokens", completion_tokens},
+                       {"total_tokens", prompt_tokens + completion_tokens}};
   if (request.stream) {
-    for (size_t i = 0; i < tool_calls.size(); ++i) {
-      ojson call = tool_calls[i];
-      call["index"] = i;
-      send(chunk({{"tool_calls", ojson::array({call})}}, nullptr));
-    }
-    send(chunk(ojson::object(), finish));
     if (request.include_usage) {
       ojson u = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options.model_name},
                  {"choices", ojson::array()}, {"usage", usage}};
-      send("data: " + u.dump() + "\n\n");
+      emit_event("data: " + u.dump() + "\n\n");
     }
-    send("data: [DONE]\n\n");
+    emit_event("data: [DONE]\n\n");
     return ojson();
   }
-  // Non-streaming: the text before a call, trimmed as the parsers do; null when only calls remain.
-  if (!tool_calls.empty()) {
-    while (!content.empty() && (content.back() == '\n' || content.back() == ' ')) content.pop_back();
-  }
-  ojson message = {{"role", "assistant"}, {"content", tool_calls.empty() || !content.empty() ? ojson(content) : ojson()}};
-  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
-  if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
   ojson result = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", options.model_name},
-                  {"choices", ojson::array({{{"index", 0}, {"message", std::move(message)},
-                                             {"logprobs", request.logprobs >= 0 ? chat_logprobs(output->logprobs) : ojson()},
-                                             {"finish_reason", finish}}})},
-                  {"usage", usage}};
-  if (!parsed.error.empty()) result["petrel_tool_call_error"] = parsed.error;
+                  {"choices", std::move(choices)}, {"usage", usage}};
+  if (!tool_call_error.empty()) result["petrel_tool_call_error"] = tool_call_error;
   return result;
 }
 
@@ -618,60 +661,88 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
   if (request.echo && request.logprobs >= 0) turn.generation.prompt_logprobs = request.logprobs;
   const std::string id = "cmpl-" + random_hex(24);
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  std::vector<LogprobEntry> pending_logprobs;  // streaming: generated since the last chunk, sent with the next
-  size_t text_offset = 0;
-  auto chunk = [&](const std::string& text, ojson finish) {
-    ojson logprobs;
-    if (!pending_logprobs.empty()) {
-      logprobs = legacy_logprobs(pending_logprobs, text_offset);
-      for (const LogprobEntry& e : pending_logprobs) text_offset += e.token.size();
-      pending_logprobs.clear();
-    }
-    ojson c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
-               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
-    return "data: " + c.dump() + "\n\n";
-  };
-  bool client_gone = false, timed_out = false, sent = false;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options.limits.max_request_seconds));
+  const std::optional<uint64_t> base_seed = choice_base_seed(request);
+  bool client_gone = false, sent = false;
   auto send = [&](const std::string& event) {
     if (!request.stream || client_gone) return;
     sent = true;
     if (!emit(event)) client_gone = true;
   };
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options.limits.max_request_seconds));
-  std::string text = request.echo && !request.tokens_given ? request.prompt : "";
-  if (!text.empty()) send(chunk(text, nullptr));
-  GenerationEvents events;
-  if (request.echo && request.tokens_given) {
-    events.prompt_text = [&](std::string_view prompt) {
-      text = prompt;
-      if (!text.empty()) send(chunk(text, nullptr));
+  ojson choices = ojson::array();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::vector<LogprobEntry> prompt_logprobs;  // echo with logprobs: the prompt's, from the first choice
+
+  for (int64_t index = 0; index < request.n && !client_gone; ++index) {
+    if (base_seed) turn.generation.sampler.seed = *base_seed + static_cast<uint64_t>(index);
+    std::vector<LogprobEntry> pending_logprobs;  // streaming: generated since the last chunk, sent with the next
+    size_t text_offset = 0;
+    auto chunk = [&](const std::string& text, ojson finish) {
+      ojson logprobs;
+      if (!pending_logprobs.empty()) {
+        logprobs = legacy_logprobs(pending_logprobs, text_offset);
+        for (const LogprobEntry& e : pending_logprobs) text_offset += e.token.size();
+        pending_logprobs.clear();
+      }
+      ojson c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
+                 {"choices", ojson::array({{{"text", text}, {"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
+      return "data: " + c.dump() + "\n\n";
     };
+    bool timed_out = false;
+    std::string text = request.echo && !request.tokens_given ? request.prompt : "";
+    if (!text.empty()) send(chunk(text, nullptr));
+    GenerationEvents events;
+    if (request.echo && request.tokens_given) {
+      events.prompt_text = [&](std::string_view prompt) {
+        text = prompt;
+        if (!text.empty()) send(chunk(text, nullptr));
+      };
+    }
+    if (request.stream && request.logprobs >= 0) {
+      events.logprobs = [&](const LogprobEntry& e) { pending_logprobs.push_back(e); };
+    }
+    events.text = [&](std::string_view piece) {
+      text.append(piece);
+      send(chunk(std::string(piece), nullptr));
+      if (Clock::now() > deadline) timed_out = true;
+      return !client_gone && !timed_out;
+    };
+    auto output = generator.generate_text(turn, events);
+    if (!output.ok()) {
+      ApiError e = api_error_from_status(output.status());
+      if (output.status().code() == ErrorCode::kOutOfRange || output.status().code() == ErrorCode::kInvalidArgument) e.param = "prompt";
+      if (!request.stream || !sent) return e;
+      if (!client_gone) {
+        emit("data: " + e.to_json().dump() + "\n\n");
+        emit("data: [DONE]\n\n");
+      }
+      return ojson();
+    }
+    prompt_tokens = output->prompt_tokens;  // the same prompt for every choice
+    completion_tokens += output->completion_tokens;
+    if (index == 0) {
+      prompt_logprobs = std::move(output->prompt_logprobs);
+      turn.generation.prompt_logprobs = -1;  // the later choices reuse the first's (and the prompt's KV cache)
+    }
+    const std::string finish = finish_reason_name(output->reason, false, timed_out);
+    if (request.stream) {
+      send(chunk("", finish));
+      continue;
+    }
+    ojson logprobs;
+    if (request.logprobs >= 0) {
+      std::vector<LogprobEntry> entries = request.echo ? prompt_logprobs : std::vector<LogprobEntry>{};
+      entries.insert(entries.end(), output->logprobs.begin(), output->logprobs.end());
+      logprobs = legacy_logprobs(entries, 0);
+    }
+    choices.push_back({{"text", text}, {"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}});
   }
-  if (request.stream && request.logprobs >= 0) {
-    events.logprobs = [&](const LogprobEntry& e) { pending_logprobs.push_back(e); };
-  }
-  events.text = [&](std::string_view piece) {
-    text.append(piece);
-    send(chunk(std::string(piece), nullptr));
-    if (Clock::now() > deadline) timed_out = true;
-    return !client_gone && !timed_out;
-  };
-  auto output = generator.generate_text(turn, events);
-  if (!output.ok()) {
-    ApiError e = api_error_from_status(output.status());
-    if (output.status().code() == ErrorCode::kOutOfRange || output.status().code() == ErrorCode::kInvalidArgument) e.param = "prompt";
-    if (!request.stream || !sent) return e;
-    emit("data: " + e.to_json().dump() + "\n\n");
-    emit("data: [DONE]\n\n");
-    return ojson();
-  }
-  const std::string finish = finish_reason_name(output->reason, false, timed_out);
-  const ojson usage = {{"prompt_tokens", output->prompt_tokens},
-                       {"completion_tokens", output->completion_tokens},
-                       {"total_tokens", output->prompt_tokens + output->completion_tokens}};
+
+  const ojson usage = {{"prompt_tokens", prompt_tokens},
+                       {"completion_tokens", completion_tokens},
+                       {"total_tokens", prompt_tokens + completion_tokens}};
   if (request.stream) {
-    send(chunk("", finish));
     if (request.include_usage) {
       send("data: " + ojson({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
                              {"choices", ojson::array()}, {"usage", usage}}).dump() + "\n\n");
@@ -679,15 +750,8 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
     send("data: [DONE]\n\n");
     return ojson();
   }
-  ojson logprobs;
-  if (request.logprobs >= 0) {
-    std::vector<LogprobEntry> entries = request.echo ? output->prompt_logprobs : std::vector<LogprobEntry>{};
-    entries.insert(entries.end(), output->logprobs.begin(), output->logprobs.end());
-    logprobs = legacy_logprobs(entries, 0);
-  }
   return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
-               {"choices", ojson::array({{{"text", text}, {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}}})},
-               {"usage", usage}};
+               {"choices", std::move(choices)}, {"usage", usage}};
 }
 
 }  // namespace petrel::serve

@@ -8,11 +8,18 @@
 // "auto", "required", or {"type": "function", "function": {"name"}}), stream and stream_options.include_usage,
 // logprobs and top_logprobs (0-20; the log-softmax of the model's raw logits, as vLLM reports by default),
 // max_tokens / max_completion_tokens, temperature, top_p, top_k (an extension, as vLLM), seed, stop (a string or
-// up to 4), presence_penalty, frequency_penalty, n (1 only), and the reasoning switch: "reasoning": "on"|"off"|
+// up to 4), presence_penalty, frequency_penalty, n (choices, up to ServeLimits::max_choices), and the reasoning
+// switch: "reasoning": "on"|"off"|
 // "default" (petrel), chat_template_kwargs.enable_thinking (vLLM's convention) or reasoning_effort ("none" or
 // "minimal" off, "low"/"medium"/"high" on), response_format {"type": "text"}, {"type": "json_object"} or
 // {"type": "json_schema", "json_schema": {"schema": ...}} (constrained decoding; the schema subset is in
-// runtime/json_schema.h). n > 1 is refused with a 400 instead of being silently ignored.
+// runtime/json_schema.h).
+//
+// n > 1: the choices are generated one after another (one model, one KV cache: the prompt is processed once and
+// its cache reused), choice i sampled with seed + i when the request has a seed (else from one random base seed),
+// so a seeded request is repeatable; streamed, each choice's chunks (its own role delta first, its finish_reason
+// last) come before the next choice's, each with its "index". usage counts the prompt once and every choice's
+// tokens. The request's time limit covers all its choices.
 //
 // The answer: message.content (null when the answer is only tool calls), message.reasoning_content (the text
 // inside <think>...</think>, vLLM's field), message.tool_calls ({id, type: "function", function: {name,
@@ -43,7 +50,8 @@ struct ServeLimits {
   int max_json_depth = 64;              // nesting of arrays and objects in a request
   size_t max_messages = 4096;
   int64_t max_tokens = 4096;            // the most a request may generate (its own max_tokens is clamped to this)
-  double max_request_seconds = 600;     // a generation running longer stops with finish_reason "length"
+  double max_request_seconds = 600;     // a request running longer stops with finish_reason "length"
+  int64_t max_choices = 16;             // the largest n (choices a request may ask for)
 };
 
 // Server-wide defaults for what a request leaves out.
@@ -66,6 +74,7 @@ struct SamplingRequest {
   float presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::string> stop;
   int logprobs = -1;  // -1: none; else each generated token's log-probability with this many alternatives
+  int64_t n = 1;      // choices: generated one after another, the prompt's KV cache reused
 };
 
 struct ChatRequest : SamplingRequest {
