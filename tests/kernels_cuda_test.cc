@@ -1262,18 +1262,22 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
                         // chunk boundaries, a partial last chunk in a later round
                         Case{32, 2, 64, 31, 64, 0}, Case{8, 8, 128, 32, 128, 0}, Case{10, 2, 128, 160, 4096, 0, 1},
                         Case{20, 4, 64, 300, 512, 0, 2}}) {
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool overlap = mode % 2 == 1, tensor_cores = mode < 2;
+    std::vector<float> tensor_core_result;  // mode 0's, which the warm build (modes 4 and 5) must equal bitwise
+    const uint32_t case_seed = rng();         // every mode of a case on the same inputs
+    for (int mode = 0; mode < 8; ++mode) {
+      std::mt19937 mode_rng(case_seed);
+      const bool overlap = mode % 2 == 1, tensor_cores = mode < 2 || mode >= 4;
+      const int warm = mode >= 4 ? mode - 3 : 0;  // warm builds 1 (not overlapped), 2 (overlapped), 3, 4
       SCOPED_TRACE(std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " heads of " +
                    std::to_string(c.head_dim) + " at position " + std::to_string(c.position) + " of " +
                    std::to_string(c.context) + ", split " + std::to_string(c.split) + ", at most " +
                    std::to_string(c.max_blocks) + " blocks" + (overlap ? ", overlapped" : "") +
-                   (tensor_cores ? ", tensor cores where the shape allows" : ", float32"));
+                   (tensor_cores ? ", tensor cores where the shape allows" : ", float32") + (warm ? ", warm build" : ""));
       const int64_t kv_dim = c.n_kv_heads * c.head_dim;
-      const std::vector<float> q = random_floats(rng, c.n_heads * c.head_dim, 0.5f), k = random_floats(rng, kv_dim, 0.5f),
-                               v = random_floats(rng, kv_dim);
-      StoredFloats keys = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
-      StoredFloats values = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
+      const std::vector<float> q = random_floats(mode_rng, c.n_heads * c.head_dim, 0.5f),
+                               k = random_floats(mode_rng, kv_dim, 0.5f), v = random_floats(mode_rng, kv_dim);
+      StoredFloats keys = store_as(random_floats(mode_rng, c.context * kv_dim), DType::kF16);
+      StoredFloats values = store_as(random_floats(mode_rng, c.context * kv_dim), DType::kF16);
       const std::vector<float> inv_freq = rope_inverse_frequencies(rope_config, c.head_dim);
       std::vector<float> cos(c.head_dim / 2), sin(c.head_dim / 2);
       rope_cos_sin(inv_freq, c.position, 1, cos.data(), sin.data());
@@ -1288,7 +1292,7 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
       const int32_t position = static_cast<int32_t>(c.position);
       cuda::DeviceBuffer pos_dev = to_device(&position, 4);
       const cuda::DecodeAttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, c.context, c.split, c.max_blocks,
-                                             tensor_cores};
+                                             tensor_cores, warm};
       // The tensor-core build (head_dim 32, 64 or 128, at most 16 query heads a KV head) rounds q and the
       // probabilities to fp16: ~1e-4 where the float32 build is at ~1e-7.
       const int64_t group = c.n_heads / c.n_kv_heads;
@@ -1340,6 +1344,10 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
                      c.head_dim, want.data());
       const double error = relative_l2(first, want);
       EXPECT_LE(error, mma ? 1e-3 : 1e-5);
+      if (mode == 0) tensor_core_result = first;
+      if (warm) {
+        EXPECT_EQ(first, tensor_core_result) << "the warm build computes what the tensor-core build does";
+      }
       (mma ? worst_mma : worst) = std::max(mma ? worst_mma : worst, error);
     }
   }

@@ -280,6 +280,7 @@ struct CudaModel::State {
     s.split_positions = options.attention_split;
     s.fused_max_blocks = options.decode_attention_blocks;
     s.tensor_cores = options.decode_attention_tensor_cores;
+    s.warm_code = options.decode_attention_warm;
     return s;
   }
 
