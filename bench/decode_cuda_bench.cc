@@ -60,8 +60,8 @@
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
 //                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
 //                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2
-//   any of them with "-awarmN" (before "-skipN"; an experiment): the fused attention kernel's warm build N
-//                     (CudaModelOptions::decode_attention_warm: 1 o launched after its wait, 2 at its start)
+//   any of them with "-acold" (before "-skipN"): the fused attention kernel's tensor-core build without its warm
+//                     pass (CudaModelOptions::decode_attention_warm off), e.g. fused-acold
 //   any of them with "-attnfp32" (before "-skipN"): the fused attention kernel's float32 build instead of its
 //                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
@@ -256,8 +256,12 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // (CudaModelOptions::decode_skip_phases: 1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down), e.g. fused-skip2.
   int64_t skip = 0;
   if (take_number_suffix(base, "-skip", 2, &skip)) o.decode_skip_phases = static_cast<uint32_t>(skip);
-  // "-awarmN": the fused attention kernel's warm build N (CudaModelOptions::decode_attention_warm), e.g. fused-awarm1.
-  if (int64_t warm = 0; take_number_suffix(base, "-awarm", 1, &warm)) o.decode_attention_warm = static_cast<int>(warm);
+  // "-acold": the fused attention kernel's tensor-core build without its warm pass
+  // (CudaModelOptions::decode_attention_warm off), e.g. fused-acold.
+  if (const size_t at = base.rfind("-acold"); at != std::string::npos && at + 6 == base.size()) {
+    o.decode_attention_warm = false;
+    base.resize(at);
+  }
   // "-attnfp32": the fused attention kernel's float32 build, not the tensor-core one
   // (CudaModelOptions::decode_attention_tensor_cores off).
   if (const size_t at = base.rfind("-attnfp32"); at != std::string::npos && at + 9 == base.size()) {

@@ -316,6 +316,9 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions cluster = fused;  // split-K sums through thread-block clusters: the same bits
   cluster.gemv_cluster_reduce = true;
   EXPECT_EQ(cuda_logits(**model, tokens, cluster), overlapped);
+  CudaModelOptions cold = fused;  // attention without its warm pass before the wait: the same bits
+  cold.decode_attention_warm = false;
+  EXPECT_EQ(cuda_logits(**model, tokens, cold), overlapped);
   // The resident step (Hopper and later): with the GEMV planner's input slices, the five-launch step's bits;
   // with its own (longer) slices, the same sums in another order.
   auto info = cuda::device_info(0);

@@ -114,9 +114,9 @@ struct CudaModelOptions {
   // The fused decode attention's scores and value sums on tensor cores (cuda::DecodeAttentionShape::tensor_cores;
   // q and the probabilities in fp16); false: the float32 build.
   bool decode_attention_tensor_cores = true;
-  // The fused decode attention's warm build (cuda::DecodeAttentionShape::warm_code; an experiment, 0: off): its
-  // blocks start beside q/k/v's and run their chunk code once before the wait; 1 lets o launch only after it.
-  int decode_attention_warm = 0;
+  // The fused decode attention's tensor-core build with its warm pass before the wait
+  // (cuda::DecodeAttentionShape::warm_code); false: without (bench suffix -acold).
+  bool decode_attention_warm = true;
   // Diagnostic only (the step's outputs are then wrong): launches of the fused step left out, a bit per phase of
   // every layer (kSkipQkv ... kSkipDown). What the step loses without a phase is that phase's marginal cost in
   // the overlapped pipeline: the most that fusing it away or speeding it up could give (bench suffix -skipN;

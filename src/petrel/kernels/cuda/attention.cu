@@ -56,6 +56,11 @@
 //    kernel's share of a layer 6.9 -> 6.4 us, absorbed by the GEMVs around it).
 //  - Then the slots' states are merged per head (M = max m_s, l = sum l_s e^(m_s - M), the values likewise),
 //    and written as the output (one block) or as the block's partials.
+//  - The warm pass (the tensor-core build's default, attention_rope_warm_kernel; session 27): before its wait a
+//    block also runs its first round's chunk code and the merge once on the staged rows and stale queries,
+//    writing only shared memory, in the same loop body as the real pass after the wait, so that the real pass
+//    runs from warm instruction caches; its registers are capped so that it starts beside q/k/v's blocks, and it
+//    lets o launch only after its wait. The kernel's share of a tg128 layer 6.8 -> 5.1 us, the step +0.5 to +0.9%.
 //  - Behind, the last block of each KV head to arrive (an atomic counter per KV head, reset by that block;
 //    partials through L2 as gemv_gptq's split-K) combines the blocks' (max, sum, values); a lone block writes
 //    the output itself.
@@ -324,8 +329,7 @@ __device__ __forceinline__ void chunks_with_mma(const RopeAttentionArgs& a, cons
                                                 char* shared_bytes, const __half* q_rows, const __half* token_key,
                                                 const __half* token_value, int rounds, int n_chunks, int64_t begin,
                                                 int64_t end, int64_t own_row, int slot, int lane, float* acc_state,
-                                                float* max_state, float* sum_state, StageChunk& stage_chunk, Stamp& stamp,
-                                                bool skip_stage_wait = false) {
+                                                float* max_state, float* sum_state, StageChunk& stage_chunk, Stamp& stamp) {
   constexpr int kSteps = kMma / 16;       // k-steps of the scores, pairs of value tiles
   constexpr int kTiles = kMma / 8;        // value tiles of 8 dims
   constexpr int kScoreTiles = kChunk / 8;  // score tiles of 8 positions
@@ -336,12 +340,8 @@ __device__ __forceinline__ void chunks_with_mma(const RopeAttentionArgs& a, cons
   for (int j = 0; j < kTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows quad_row and quad_row + 8
   for (int r = 0; r < rounds; ++r) {
-    if (skip_stage_wait) {  // the warm build's pass before the wait (kWarm 4): its values do not matter
-    } else if (a.stages == 2) {
-      cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
-    } else {
-      cp_async_wait<0>();
-    }
+    if (a.stages == 2) cp_async_wait<1>();  // round r's group done (round r + 1's may be in flight)
+    else cp_async_wait<0>();
     __syncthreads();  // every thread's copies, the rotated queries and this token's row visible to the block
     if (r == 0) {
       stamp(3);
@@ -473,12 +473,13 @@ __device__ __forceinline__ void chunks_with_mma(const RopeAttentionArgs& a, cons
 // head; a slot is one warp that scores and weighs its chunks for all the group's heads with mma.sync (see the
 // file comment).
 // The kernel's work (attention_rope_kernel below); kTimeline: thread 0 stamps `stamps` 1 to 7 (timeline.h).
-// kWarm (tensor-core decode only; attention_rope_warm_kernel, DecodeAttentionShape::warm_code): 1 or 2, before its
-// wait a block runs its chunk and merge code once on the staged rows and stale queries, writing only shared memory,
-// so that the post-wait path runs from warm instruction caches; at 1 it also lets the next kernel launch only
-// after its wait (o's blocks then do not start during q/k/v), at 2 at its start as the default build does, at 3
-// once the warm pass is done; 4 is 3 with a warm pass that does not wait for its staged rows.
-template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline, int kMma = 0, int kWarm = 0>
+// kWarm (the tensor-core decode build's default: attention_rope_warm_kernel, DecodeAttentionShape::warm_code):
+// before its wait a block runs its chunk and merge code once on the staged rows and stale queries, writing only
+// shared memory, so that after the wait the same instructions run from warm instruction caches (code a block runs
+// once a layer is otherwise fetched from L2 as it goes: session 18 measured the values 3x slower the first time);
+// and it lets the next kernel launch only after its wait (earlier, o's blocks start during q/k/v and slow the warm
+// pass and q/k/v: measured -2%).
+template <int kPairs, bool kVector8, bool kPrefill, bool kTimeline, int kMma = 0, bool kWarm = false>
 __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a, uint64_t (&stamps)[kTimelineStamps]) {
   constexpr bool kTensorCores = kMma > 0;
   static_assert(!kTensorCores || (!kPrefill && kVector8 && kMma % 16 == 0 && kMma / 2 <= 32 * kPairs));
@@ -490,7 +491,7 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
       if (threadIdx.x == 0) stamps[i] = timeline_now();
     }
   };
-  if constexpr (kWarm == 0 || kWarm == 2) allow_dependent_launch();
+  if constexpr (!kWarm) allow_dependent_launch();
   extern __shared__ float4 shared_vectors[];
   char* shared_bytes = reinterpret_cast<char*>(shared_vectors);
   const RopeSharedLayout layout = rope_shared_layout(a.group, a.head_dim, a.stages, a.slots, kTensorCores);
@@ -593,126 +594,9 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
                    "l"(a.partial_sum), "l"(a.counters), "f"(a.scale), "r"(a.n_heads), "r"(a.head_dim), "r"(a.group));
     }
   }
-  if constexpr (kWarm) {
-    // Pass 0 runs the chunk and merge code before the wait on the staged rows and stale queries (one round, no
-    // restaging, no row of this token, nothing written outside shared memory); pass 1, after the wait, is the
-    // real one. One loop body, not unrolled, so that both passes run the same instructions: pass 1's come from
-    // warm instruction caches. (The same steps as the default path below, tensor-core decode only.)
-#pragma unroll 1
-    for (int pass = 0; pass < 2; ++pass) {
-      const bool warm = pass == 0;
-      if (!warm) {
-        wait_for_previous_kernel();  // q, k, v are the previous kernel's output: read through L2 after the wait
-        if constexpr (kWarm == 1) allow_dependent_launch();
-        stamp(1);
-        const bool token_warp = holds_position && warp == (warps > a.group ? a.group : 0);
-        float2 token_k[kPairs], token_v[kPairs];  // pairs (i, i + half)
-        if (token_warp) {
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            const int i = lane + 32 * j;
-            if (i < half) {
-              token_k[j] = make_float2(__ldcg(a.k + head_offset + i), __ldcg(a.k + head_offset + i + half));
-              token_v[j] = make_float2(__ldcg(a.v + head_offset + i), __ldcg(a.v + head_offset + i + half));
-            }
-          }
-        }
-        for (int g = warp; g < a.group; g += warps) {
-          const float* q_head = a.q + int64_t{first_head + g} * a.head_dim;
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            const int i = lane + 32 * j;
-            if (i < half) {
-              const float2 r = rotate_pair(__ldcg(q_head + i), __ldcg(q_head + i + half), cos_pair[j], sin_pair[j]);
-              q_rows[g * layout.key_stride + i] = __float2half_rn(r.x);
-              q_rows[g * layout.key_stride + i + half] = __float2half_rn(r.y);
-            }
-          }
-        }
-        if (token_warp) {
-          __half* key_row = a.keys + position * kv_stride + head_offset;
-          __half* value_row = a.values + position * kv_stride + head_offset;
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            const int i = lane + 32 * j;
-            if (i < half) {
-              const float2 r = rotate_pair(token_k[j].x, token_k[j].y, cos_pair[j], sin_pair[j]);
-              const __half k0 = __float2half_rn(r.x), k1 = __float2half_rn(r.y);
-              const __half v0 = __float2half_rn(token_v[j].x), v1 = __float2half_rn(token_v[j].y);
-              key_row[i] = token_key[i] = k0;
-              key_row[i + half] = token_key[i + half] = k1;
-              value_row[i] = token_value[i] = v0;
-              value_row[i + half] = token_value[i + half] = v1;
-            }
-          }
-        }
-        stamp(2);
-      }
-      auto stage = [&](int r, int buffer) {
-        if (!warm) stage_chunk(r, buffer);
-      };
-      chunks_with_mma<kMma, kTimeline>(a, layout, shared_bytes, q_rows, token_key, token_value, warm ? 1 : rounds, n_chunks,
-                                       begin, end, warm ? int64_t{-1} : own_row, slot, lane, acc_state, max_state, sum_state,
-                                       stage, stamp, kWarm == 4 && warm);
-      __syncthreads();  // every slot's state in shared memory
-      // The slots' states merged per head, as below; written out in pass 1 only.
-      const int used_slots = min(a.slots, n_chunks);
-      const float* all_acc = reinterpret_cast<const float*>(shared_bytes + layout.acc);
-      const float* all_max_sum = reinterpret_cast<const float*>(shared_bytes + layout.max_sum);
-      for (int g = warp; g < a.group; g += warps) {
-        float m = all_max_sum[g], l = all_max_sum[a.group + g];
-        float2 acc[kPairs];
-#pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          acc[j] = lane + 32 * j < half ? reinterpret_cast<const float2*>(all_acc + g * a.head_dim)[lane + 32 * j]
-                                        : make_float2(0.0f, 0.0f);
-        }
-        for (int t = 1; t < used_slots; ++t) {
-          const float* ms = all_max_sum + t * 2 * a.group;
-          const float mt = ms[g], lt = ms[a.group + g];
-          const float m_new = fmaxf(m, mt);
-          const float w_old = expf(m - m_new), w_new = expf(mt - m_new);
-          l = l * w_old + lt * w_new;
-          m = m_new;
-          const float2* at = reinterpret_cast<const float2*>(all_acc + (int64_t{t} * a.group + g) * a.head_dim);
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            if (lane + 32 * j < half) {
-              const float2 v = at[lane + 32 * j];
-              acc[j] = make_float2(fmaf(v.x, w_new, acc[j].x * w_old), fmaf(v.y, w_new, acc[j].y * w_old));
-            }
-          }
-        }
-        if (warm) continue;
-        const int64_t out_row = int64_t{blockIdx.y} * a.n_heads + first_head;  // this block's partials of head 0
-        float2* o = reinterpret_cast<float2*>(active == 1 ? a.out + int64_t{first_head + g} * a.head_dim
-                                                          : a.partial_out + (out_row + g) * a.head_dim);
-        const float inv = active == 1 ? 1.0f / l : 1.0f;
-#pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          const int vp = lane + 32 * j;
-          if (vp < half) __stcg(o + vp, make_float2(acc[j].x * inv, acc[j].y * inv));
-        }
-        if (active > 1 && lane == 0) {
-          __stcg(a.partial_max + out_row + g, m);
-          __stcg(a.partial_sum + out_row + g, l);
-        }
-      }
-      __syncthreads();  // the pass's reads of shared memory done before the next pass writes it
-      if constexpr (kWarm >= 3) {
-        if (warm) allow_dependent_launch();
-      }
-    }
-    stamp(7);
-    if (active == 1) return;
-  } else {
-    // q, k, v are the previous kernel's output: read through L2 after the wait.
-    wait_for_previous_kernel();
-    stamp(1);
-    // kTimeline's diagnostic stops (timeline.h), only where this block holds every position (no combine counters).
-    const uint32_t stop = kTimeline && !kPrefill && active == 1 ? a.timeline.probe : 0u;
-    if (stop & kProbeAttentionStopAfterWait) return;
-    const int64_t q_row = kPrefill ? int64_t{blockIdx.z} * a.n_heads : 0;  // this token's query and output rows
+  const int64_t q_row = kPrefill ? int64_t{blockIdx.z} * a.n_heads : 0;  // this token's query and output rows
+  // This block's queries rotated (into shared memory) and this token's key and value stored: after the wait.
+  auto load_rotate_store = [&] {
     // This token's key and value: by a warp that rotated no query when there is one (warp `group`), else by warp 0,
     // its loads of k and v issued before those of its queries: all go out together (one L2 round trip fewer on
     // the chain; the tensor-core build has a warp a slot, 4 for the group of 4, and lost ~1 us to it).
@@ -767,7 +651,91 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
         }
       }
     }
-
+  };
+  // Head g's state merged over the block's slots in slot order (one slot: its state as it is): M = max_s m_s,
+  // l = sum_s l_s e^(m_s - M), acc = sum_s acc_s e^(m_s - M). Every slot's state is in shared memory.
+  auto merge_head = [&](int g, float& m, float& l, float2 (&acc)[kPairs]) {
+    const int used_slots = min(a.slots, n_chunks);
+    const float* all_acc = reinterpret_cast<const float*>(shared_bytes + layout.acc);
+    const float* all_max_sum = reinterpret_cast<const float*>(shared_bytes + layout.max_sum);
+    m = all_max_sum[g];
+    l = all_max_sum[a.group + g];
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      acc[j] = lane + 32 * j < half ? reinterpret_cast<const float2*>(all_acc + g * a.head_dim)[lane + 32 * j]
+                                    : make_float2(0.0f, 0.0f);
+    }
+    for (int t = 1; t < used_slots; ++t) {
+      const float* ms = all_max_sum + t * 2 * a.group;
+      const float mt = ms[g], lt = ms[a.group + g];
+      const float m_new = fmaxf(m, mt);
+      const float w_old = expf(m - m_new), w_new = expf(mt - m_new);
+      l = l * w_old + lt * w_new;
+      m = m_new;
+      const float2* at = reinterpret_cast<const float2*>(all_acc + (int64_t{t} * a.group + g) * a.head_dim);
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        if (lane + 32 * j < half) {
+          const float2 v = at[lane + 32 * j];
+          acc[j] = make_float2(fmaf(v.x, w_new, acc[j].x * w_old), fmaf(v.y, w_new, acc[j].y * w_old));
+        }
+      }
+    }
+  };
+  if constexpr (kWarm) {
+    // Pass 0 runs the chunk and merge code before the wait on the staged rows and stale queries (one round, no
+    // restaging, no row of this token, nothing written outside shared memory); pass 1, after the wait, is the
+    // real one. One loop body, not unrolled, so that both passes run the same instructions: pass 1's come from
+    // warm instruction caches. (The same steps as the default path below, tensor-core decode only.)
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool warm = pass == 0;
+      if (!warm) {
+        wait_for_previous_kernel();  // q, k, v are the previous kernel's output: read through L2 after the wait
+        allow_dependent_launch();
+        stamp(1);
+        load_rotate_store();
+        stamp(2);
+      }
+      auto stage = [&](int r, int buffer) {
+        if (!warm) stage_chunk(r, buffer);
+      };
+      chunks_with_mma<kMma, kTimeline>(a, layout, shared_bytes, q_rows, token_key, token_value, warm ? 1 : rounds, n_chunks,
+                                       begin, end, warm ? int64_t{-1} : own_row, slot, lane, acc_state, max_state, sum_state,
+                                       stage, stamp);
+      __syncthreads();  // every slot's state in shared memory
+      // The slots' states merged per head, as below; written out in pass 1 only.
+      for (int g = warp; g < a.group; g += warps) {
+        float m, l;
+        float2 acc[kPairs];
+        merge_head(g, m, l, acc);
+        if (warm) continue;
+        const int64_t out_row = int64_t{blockIdx.y} * a.n_heads + first_head;  // this block's partials of head 0
+        float2* o = reinterpret_cast<float2*>(active == 1 ? a.out + (q_row + first_head + g) * a.head_dim
+                                                          : a.partial_out + (out_row + g) * a.head_dim);
+        const float inv = active == 1 ? 1.0f / l : 1.0f;
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          const int vp = lane + 32 * j;
+          if (vp < half) __stcg(o + vp, make_float2(acc[j].x * inv, acc[j].y * inv));
+        }
+        if (active > 1 && lane == 0) {
+          __stcg(a.partial_max + out_row + g, m);
+          __stcg(a.partial_sum + out_row + g, l);
+        }
+      }
+      __syncthreads();  // the pass's reads of shared memory done before the next pass writes it
+    }
+    stamp(7);
+    if (active == 1) return;
+  } else {
+    // q, k, v are the previous kernel's output: read through L2 after the wait.
+    wait_for_previous_kernel();
+    stamp(1);
+    // kTimeline's diagnostic stops (timeline.h), only where this block holds every position (no combine counters).
+    const uint32_t stop = kTimeline && !kPrefill && active == 1 ? a.timeline.probe : 0u;
+    if (stop & kProbeAttentionStopAfterWait) return;
+    load_rotate_store();
     const int64_t out_row = int64_t{blockIdx.y} * a.n_heads + first_head;  // this block's partials of head 0
     // Head g's final state: normalized into the output when this is the only block, else this block's partials.
     auto emit = [&](int g, float m, float l, const float2 (&acc)[kPairs]) {
@@ -884,33 +852,10 @@ __device__ __forceinline__ void attention_rope_block(const RopeAttentionArgs& a,
       __syncthreads();  // every slot's state in shared memory
       // The slots' states merged per head (in slot order; one slot: its state as it is): M = max_s m_s,
       // l = sum_s l_s e^(m_s - M), acc = sum_s acc_s e^(m_s - M).
-      const int used_slots = min(a.slots, n_chunks);
-      const float* all_acc = reinterpret_cast<const float*>(shared_bytes + layout.acc);
-      const float* all_max_sum = reinterpret_cast<const float*>(shared_bytes + layout.max_sum);
       for (int g = warp; g < a.group; g += warps) {
-        float m = all_max_sum[g], l = all_max_sum[a.group + g];
+        float m, l;
         float2 acc[kPairs];
-#pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          acc[j] = lane + 32 * j < half ? reinterpret_cast<const float2*>(all_acc + g * a.head_dim)[lane + 32 * j]
-                                        : make_float2(0.0f, 0.0f);
-        }
-        for (int t = 1; t < used_slots; ++t) {
-          const float* ms = all_max_sum + t * 2 * a.group;
-          const float mt = ms[g], lt = ms[a.group + g];
-          const float m_new = fmaxf(m, mt);
-          const float w_old = expf(m - m_new), w_new = expf(mt - m_new);
-          l = l * w_old + lt * w_new;
-          m = m_new;
-          const float2* at = reinterpret_cast<const float2*>(all_acc + (int64_t{t} * a.group + g) * a.head_dim);
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            if (lane + 32 * j < half) {
-              const float2 v = at[lane + 32 * j];
-              acc[j] = make_float2(fmaf(v.x, w_new, acc[j].x * w_old), fmaf(v.y, w_new, acc[j].y * w_old));
-            }
-          }
-        }
+        merge_head(g, m, l, acc);
         emit(g, m, l, acc);
       }
     }
@@ -979,18 +924,22 @@ __global__ void __launch_bounds__((kMma > 0 ? 32 : kThreads) * kMaxRopeSlots) at
   }
 }
 
-// The warm build (DecodeAttentionShape::warm_code; kWarm in attention_rope_block): its registers capped so that a
-// block (128 threads) fits on an SM beside three of the token generator's GEMV blocks (3 x 128 threads x 120
-// registers of the SM's 65,536), where the default build's 168 do not: it can then start, stage its rows and warm
-// its code while q/k/v still runs.
+// The tensor-core decode build with its warm pass (kWarm in attention_rope_block; DecodeAttentionShape::warm_code,
+// the default). Its registers are capped so that a block (4 one-warp slots) fits on an SM beside three of the
+// token generator's GEMV blocks (3 x 128 threads x 120 registers of 65,536), where head_dim 128's 168 registers
+// did not: its blocks then start while q/k/v runs, with time to stage their rows and run the warm pass before the
+// release (at 152, 28 bytes of spills). Measured (Llama-3.1-8B tg128, same runs, docs/PERFORMANCE.md session 27):
+// H200 591.2, 592.3 -> 596.8, 596.2 tok/s per channel, 526.3, 525.3 -> 530.0, 528.8 at group 128; H100 +0.6 to
+// +0.9% per channel, +0.5% at group 128. The attention kernel's share of a layer 6.8 -> 5.1 us, of which o and
+// gate/up take back about half (o's blocks start later).
 constexpr int kWarmRegisters = 152;
-template <int kPairs, bool kTimeline, int kMma, int kWarm>
+template <int kPairs, bool kTimeline, int kMma>
 __global__ void __maxnreg__(kWarmRegisters) attention_rope_warm_kernel(const RopeAttentionArgs a) {
   uint64_t stamps[kTimelineStamps] = {};
   if constexpr (kTimeline) {
     if (threadIdx.x == 0) stamps[0] = timeline_now();
   }
-  attention_rope_block<kPairs, true, false, kTimeline, kMma, kWarm>(a, stamps);
+  attention_rope_block<kPairs, true, false, kTimeline, kMma, true>(a, stamps);
   if constexpr (kTimeline) {
     if (threadIdx.x == 0) {
       stamps[kTimelineStamps - 1] = timeline_now();
@@ -1156,7 +1105,7 @@ bool rope_mma_supported(int64_t group, int64_t head_dim) {
 // shape in `args`.
 template <bool kPrefill, bool kTimeline = false>
 cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream stream, bool overlap_previous,
-                               bool mma = false, int warm = 0) {
+                               bool mma = false, bool warm = false) {
   const int64_t shared = rope_shared_layout(args.group, args.head_dim, args.stages, args.slots, mma).total;
   const int half = args.head_dim / 2;
   const bool vector8 = args.head_dim % 8 == 0;
@@ -1169,13 +1118,14 @@ cudaError_t launch_rope_kernel(const RopeAttentionArgs& args, dim3 grid, Stream 
   };
   using K = decltype(&attention_rope_kernel<1, true, kPrefill, kTimeline>);
   if constexpr (!kPrefill) {
+    if (mma && warm) {
+      if (args.head_dim == 32) return launch(std::integral_constant<K, attention_rope_warm_kernel<1, kTimeline, 32>>{});
+      if (args.head_dim == 64) return launch(std::integral_constant<K, attention_rope_warm_kernel<1, kTimeline, 64>>{});
+      return launch(std::integral_constant<K, attention_rope_warm_kernel<2, kTimeline, 128>>{});
+    }
     if (mma) {
       if (args.head_dim == 32) return launch(std::integral_constant<K, attention_rope_kernel<1, true, false, kTimeline, 32>>{});
       if (args.head_dim == 64) return launch(std::integral_constant<K, attention_rope_kernel<1, true, false, kTimeline, 64>>{});
-      if (warm == 1) return launch(std::integral_constant<K, attention_rope_warm_kernel<2, kTimeline, 128, 1>>{});
-      if (warm == 2) return launch(std::integral_constant<K, attention_rope_warm_kernel<2, kTimeline, 128, 2>>{});
-      if (warm == 3) return launch(std::integral_constant<K, attention_rope_warm_kernel<2, kTimeline, 128, 3>>{});
-      if (warm == 4) return launch(std::integral_constant<K, attention_rope_warm_kernel<2, kTimeline, 128, 4>>{});
       return launch(std::integral_constant<K, attention_rope_kernel<2, true, false, kTimeline, 128>>{});
     }
   }

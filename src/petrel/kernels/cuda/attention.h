@@ -24,10 +24,11 @@ struct DecodeAttentionShape {
   // decode_attention_rope: scores and value sums on tensor cores (mma.sync, q and the probabilities rounded to
   // fp16) where the shape allows (head_dim 32, 64 or 128, at most 16 query heads a KV head); false: the float32 build.
   bool tensor_cores = true;
-  // decode_attention_rope, tensor-core build at head_dim 128 (an experiment, 0 by default): registers capped so
-  // that its blocks can start beside q/k/v's, and its chunk and merge code run once on stale inputs before the wait
-  // (warm instruction caches after it); 1: the next kernel let launch only after the wait, 2: at the block's start.
-  int warm_code = 0;
+  // decode_attention_rope's tensor-core build with its warm pass (the default): registers capped so that its blocks
+  // can start beside q/k/v's, its chunk and merge code run once on stale inputs before the wait (so that the real
+  // pass after it runs from warm instruction caches), the next kernel let launch only after the wait. The same
+  // results bit for bit; false: the build without (tok/s -0.5 to -0.9%, docs/PERFORMANCE.md session 27).
+  bool warm_code = true;
 };
 
 inline constexpr int64_t kMaxHeadDim = 256;
