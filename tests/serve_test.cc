@@ -303,6 +303,22 @@ std::vector<ojson> events_of(const std::vector<std::string>& raw) {
   return out;
 }
 
+// A streamed completion's events, each data line parsed, after checking that it ran and ended with [DONE].
+std::vector<ojson> streamed_events(ChatGenerator& gen, const ChatRequest& request, const CompletionOptions& options) {
+  std::vector<std::string> raw;
+  auto none = run_chat_completion(gen, request, options, [&](const std::string& e) {
+    raw.push_back(e);
+    return true;
+  });
+  EXPECT_TRUE(std::holds_alternative<ojson>(none));
+  std::vector<ojson> events = events_of(raw);
+  EXPECT_FALSE(events.empty());
+  if (!events.empty()) {
+    EXPECT_EQ(events.back(), "[DONE]");
+  }
+  return events;
+}
+
 const char* kToolRequest = R"({"messages": [{"role": "user", "content": "Weather?"}],
     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]%s})";
 
@@ -339,16 +355,9 @@ TEST(ChatCompletion, ToolCallsReasoningAndUsage) {
   EXPECT_TRUE(gen.last_turn.generation.sampler.top_p_after_temperature);
 
   // Streamed: the same reasoning, content and call, as deltas.
-  ChatRequest streamed = request_of(tool_request(R"(, "stream": true, "stream_options": {"include_usage": true})"));
-  std::vector<std::string> raw;
-  auto none = run_chat_completion(gen, streamed, options, [&](const std::string& e) {
-    raw.push_back(e);
-    return true;
-  });
-  ASSERT_TRUE(std::holds_alternative<ojson>(none));
-  const std::vector<ojson> events = events_of(raw);
+  const std::vector<ojson> events =
+      streamed_events(gen, request_of(tool_request(R"(, "stream": true, "stream_options": {"include_usage": true})")), options);
   ASSERT_GE(events.size(), 4u);
-  EXPECT_EQ(events.back(), "[DONE]");
   std::string reasoning, content, finish;
   ojson calls = ojson::array();
   for (const ojson& e : events) {
@@ -438,17 +447,9 @@ TEST(ChatCompletion, SeveralChoicesComeOneAfterAnother) {
   EXPECT_EQ(*gen.seeds[2], *gen.seeds[1] + 1);
 
   // Streamed.
-  std::vector<std::string> raw;
-  auto none = run_chat_completion(
-      gen, request_of(ask.substr(0, ask.size() - 1) + R"(, "n": 2, "stream": true, "stream_options": {"include_usage": true}})"), {},
-      [&](const std::string& e) {
-        raw.push_back(e);
-        return true;
-      });
-  ASSERT_TRUE(std::holds_alternative<ojson>(none));
-  const std::vector<ojson> events = events_of(raw);
+  const std::vector<ojson> events = streamed_events(
+      gen, request_of(ask.substr(0, ask.size() - 1) + R"(, "n": 2, "stream": true, "stream_options": {"include_usage": true}})"), {});
   ASSERT_GE(events.size(), 3u);
-  EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_EQ(events[events.size() - 2]["usage"]["completion_tokens"], 6);
   EXPECT_EQ(events[events.size() - 2]["usage"]["prompt_tokens"], 10);
   std::string content[2];
