@@ -265,6 +265,26 @@ TEST(JsonSchema, AllOfAllowsWhatEveryPartAllows) {
   ASSERT_TRUE(recursive.ok()) << recursive.status().to_string();
   EXPECT_TRUE(accepts(**recursive, R"({"n":{"v":1,"next":{"next":{}}}})"));
   EXPECT_FALSE(accepts(**recursive, R"({"n":{"next":{}}})"));
+  // Two patterns, or a pattern and a format: a string must match both (their automata intersected).
+  auto strings = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {
+      "id": {"allOf": [{"type": "string", "pattern": "^[a-z0-9]+$"}, {"pattern": "^.{3}$"}, {"pattern": "[0-9]"}]},
+      "day": {"allOf": [{"type": "string", "format": "date"}, {"pattern": "^2024-"}]},
+      "both": {"allOf": [{"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}, {"type": "string", "pattern": "^.{2,4}$"}]},
+      "year": {"type": "string", "format": "date", "pattern": "^19"}}})"));
+  ASSERT_TRUE(strings.ok()) << strings.status().to_string();
+  for (const char* ok : {R"({"id":"ab1"})", R"({"id":"9zz"})", R"({"day":"2024-02-29"})", R"({"both":"ab"})", R"({"both":"axxb"})",
+                         R"({"year":"1999-12-31"})"}) {
+    EXPECT_TRUE(accepts(**strings, ok)) << ok;
+  }
+  for (const char* bad : {R"({"id":"abc"})", R"({"id":"ab12"})", R"({"id":"Ab1"})", R"({"day":"2023-02-28"})",
+                          R"({"day":"2024-13-01"})", R"({"both":"ba"})", R"({"both":"axxxb"})", R"({"both":"a"})",
+                          R"({"year":"2001-01-01"})", R"({"year":"19"})"}) {
+    EXPECT_FALSE(accepts(**strings, bad)) << bad;
+  }
+  // A pattern beside a format in one schema is one automaton: "19" followed by what no date has dies at once.
+  SchemaPrefix year(strings->get());
+  EXPECT_TRUE(year.feed(std::string_view(R"({"year":"19)")));
+  EXPECT_FALSE(year.feed(static_cast<unsigned char>('a')));
   // A lone allOf part beside other keywords is merged too (before, the keywords beside it were dropped).
   auto beside = JsonSchema::compile(njson::parse(
       R"({"type": "object", "properties": {"x": {"allOf": [{"$ref": "#/$defs/N"}], "maximum": 9}}, "$defs": {"N": {"type": "integer"}}})"));
@@ -276,6 +296,7 @@ TEST(JsonSchema, AllOfAllowsWhatEveryPartAllows) {
       {R"({"type": "object", "properties": {"a": {"allOf": [{"enum": [1, 2]}, {"const": 3}]}}})", "allOf: the parts' enum/const values have none in common"},
       {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, false]}}})", "allOf: a part is false"},
       {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, 3]}}})", "allOf: a part must be a schema"},
+      {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string", "pattern": "^x+$"}, {"pattern": "^y"}]}}})", "no string matches both"},
       {R"({"type": "object", "properties": {"m": {"allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}}, "$defs": {
           "A": {"type": "object", "properties": {"a": {"type": "integer"}, "next": {"$ref": "#/$defs/A"}}},
           "B": {"type": "object", "properties": {"b": {"type": "integer"}, "next": {"$ref": "#/$defs/B"}}}}})",

@@ -9,6 +9,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -207,6 +208,71 @@ TEST(RegexDfa, OpenStatesSurviveEveryContinuation) {
   auto dot = RegexDfa::compile("^a.*");  // '.' refuses \n and \r, which a JSON string holds only escaped
   ASSERT_TRUE(dot.ok());
   EXPECT_TRUE(dot->open(state_after(*dot, "a")));
+}
+
+// allOf of two patterns: the product automaton, its states that cannot finish a match of both turned dead.
+TEST(RegexDfa, IntersectionMatchesWhatBothMatchAndHasNoDeadEnds) {
+  auto hex = RegexDfa::compile("^[0-9a-f]+$"), lower = RegexDfa::compile("^[a-z0-9]{2,4}$");
+  ASSERT_TRUE(hex.ok() && lower.ok());
+  auto both = RegexDfa::intersect(*hex, *lower);
+  ASSERT_TRUE(both.ok()) << both.status().to_string();
+  for (const char* s : {"ab", "0f3e", "99"}) EXPECT_TRUE(both->matches(s)) << s;
+  for (const char* s : {"a", "abcde", "xy", "AB", ""}) EXPECT_FALSE(both->matches(s)) << s;
+  // (ab)* and a*: only the empty string; after "a" nothing can finish both, so "a" is dead at once.
+  auto pairs = RegexDfa::compile("^(ab)*$"), as = RegexDfa::compile("^a*$");
+  ASSERT_TRUE(pairs.ok() && as.ok());
+  auto empty_only = RegexDfa::intersect(*pairs, *as);
+  ASSERT_TRUE(empty_only.ok()) << empty_only.status().to_string();
+  EXPECT_TRUE(empty_only->matches(""));
+  EXPECT_EQ(empty_only->next(empty_only->start(), 'a'), RegexDfa::kDead);
+  // Every live state of a random walk can still reach an accepting state (no dead ends for constrained decoding).
+  auto has_digit = RegexDfa::compile("[0-9]"), short_word = RegexDfa::compile("^[a-z0-9]{1,6}$");
+  ASSERT_TRUE(has_digit.ok() && short_word.ok());
+  auto mixed = RegexDfa::intersect(*has_digit, *short_word);
+  ASSERT_TRUE(mixed.ok());
+  std::mt19937 rng(5);
+  for (int walk = 0; walk < 200; ++walk) {
+    int32_t state = mixed->start();
+    for (int step = 0; step < 8; ++step) {
+      const int32_t next = mixed->next(state, static_cast<unsigned char>("abz019"[rng() % 6]));
+      if (next == RegexDfa::kDead) break;
+      state = next;
+      // Finishable: some continuation of at most 6 characters of [a-z0-9] reaches acceptance.
+      std::vector<int32_t> frontier{state};
+      bool finishable = mixed->accepting(state);
+      for (int depth = 0; depth < 6 && !finishable; ++depth) {
+        std::vector<int32_t> next_frontier;
+        for (int32_t f : frontier) {
+          for (unsigned char c : std::string("abcdefghijklmnopqrstuvwxyz0123456789")) {
+            const int32_t t = mixed->next(f, c);
+            if (t == RegexDfa::kDead) continue;
+            finishable = finishable || mixed->accepting(t);
+            next_frontier.push_back(t);
+          }
+        }
+        std::sort(next_frontier.begin(), next_frontier.end());
+        next_frontier.erase(std::unique(next_frontier.begin(), next_frontier.end()), next_frontier.end());
+        frontier = std::move(next_frontier);
+      }
+      EXPECT_TRUE(finishable) << "a live state that cannot finish, walk " << walk;
+    }
+  }
+  // Nothing in common, and unanchored patterns (search semantics): strings that contain both.
+  auto xs = RegexDfa::compile("^x+$"), ys = RegexDfa::compile("^y");
+  ASSERT_TRUE(xs.ok() && ys.ok());
+  auto none = RegexDfa::intersect(*xs, *ys);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no string matches both"), std::string::npos) << none.status().message();
+  auto a = RegexDfa::compile("a"), b = RegexDfa::compile("b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto contains_both = RegexDfa::intersect(*a, *b);
+  ASSERT_TRUE(contains_both.ok());
+  EXPECT_TRUE(contains_both->matches("xbyaz"));
+  EXPECT_FALSE(contains_both->matches("aaa"));
+  // Unanchored on both sides: no continuation can make a match impossible, from any state (as each part's).
+  EXPECT_TRUE(contains_both->open(contains_both->start()));
+  EXPECT_TRUE(contains_both->open(contains_both->next(contains_both->start(), 'a')));
+  EXPECT_FALSE(both->open(both->start()));  // anchored: a wrong character kills the match
 }
 
 TEST(RegexDfa, RefusesWhatItDoesNotSupportNamingTheOffset) {

@@ -1,4 +1,5 @@
-// Random JSON Schemas (numeric bounds and multipleOf, patterns, enums, object unions, allOf, nesting) through
+// Random JSON Schemas (numeric bounds and multipleOf, patterns, enums, object unions, allOf of objects and of
+// patterns, nesting) through
 // JsonSchema::compile, random bytes through the automaton of each that compiles, and from wherever the bytes stopped a
 // bounded search for a completion: an automaton that took a prefix must never leave the model without a way to
 // finish. Built with AddressSanitizer and UndefinedBehaviorSanitizer (tests/CMakeLists.txt, scripts/schema_fuzz.sh).
@@ -65,6 +66,12 @@ njson random_schema(int depth) {
       return {{"anyOf", branches}};
     }
     default: {  // allOf of objects whose properties overlap, sometimes narrowing numbers or joining a union
+      if (rng() % 4 == 0) {  // or of strings: their patterns (and a format) intersected
+        const auto pattern = [&] { return pick<std::string>({"^a+$", "[0-9]{2}", "^(x|yz)*$", "b", "^[a-z0-9]{1,5}$", "^.{2,}$"}); };
+        njson parts = njson::array({{{"type", "string"}, {"pattern", pattern()}}, {{"pattern", pattern()}}});
+        if (coin()) parts.push_back({{"format", pick<std::string>({"date", "uuid", "email"})}});
+        return {{"allOf", parts}};
+      }
       njson parts = njson::array({random_object(depth + 1, 3, 'p'), random_object(depth + 1, 3, 'r')});
       if (coin()) parts.push_back({{"properties", {{"p", {{"type", "integer"}, {"minimum", static_cast<int>(rng() % 50)}}}}}});
       if (rng() % 3 == 0) parts.push_back({{"anyOf", {random_object(depth + 2, 2, 'p'), random_object(depth + 2, 2, 't')}}});

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <map>
+#include <optional>
 #include <set>
 #include <cmath>
 #include <cstdlib>
@@ -300,11 +301,16 @@ std::vector<std::string> type_names(const njson& t) {
 // `into` narrowed by the keywords of `part` (both schema objects), for allOf: types intersected (an integer is a
 // number), properties joined (a property in both: its two schemas merged by `both`), required joined, enum and
 // const intersected, the tighter of two bounds and lengths, items merged by `both`, additionalProperties false if
-// either says so. Other keywords (pattern, format, multipleOf, anyOf, ...) that both give: the first's stays
-// (the second's is not enforced; docs/SERVER.md).
+// either says so; two different patterns or formats both kept (the later ones under kMorePatterns / kMoreFormats,
+// whose automata compile() intersects with the first's). Other keywords (multipleOf, anyOf, ...) that both give:
+// the first's stays (the second's is not enforced; docs/SERVER.md).
 // `both(a, b)` merges two schemas of one property or of the items (JsonSchema::merge_all_of, so that a union sees
 // the merged property's const or type).
 using MergeTwo = std::function<Result<njson>(const njson&, const njson&)>;
+// Where allOf's merge keeps a second (third, ...) pattern or format of one string: keys no schema of JSON Schema's
+// vocabulary uses; compile() reads them as more of the same keyword.
+constexpr const char* kMorePatterns = "$petrel:allOf patterns";
+constexpr const char* kMoreFormats = "$petrel:allOf formats";
 Status merge_into(njson& into, const njson& part, const std::string& where, const MergeTwo& both) {
   static const std::set<std::string> kLower = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"};
   static const std::set<std::string> kUpper = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"};
@@ -370,11 +376,77 @@ Status merge_into(njson& into, const njson& part, const std::string& where, cons
       }
     } else if (k == "additionalProperties") {
       if (v.is_boolean() && !v.get<bool>()) mine = false;
+    } else if ((k == "pattern" || k == "format") && v.is_string() && mine != v) {
+      njson& more = into[k == "pattern" ? kMorePatterns : kMoreFormats];
+      if (!more.is_array()) more = njson::array();
+      if (std::find(more.begin(), more.end(), v) == more.end()) more.push_back(v);
+    }
+  }
+  // A part's own merged patterns and formats (a nested allOf) join this one's.
+  for (const char* key : {kMorePatterns, kMoreFormats}) {
+    if (!part.contains(key) || !part[key].is_array()) continue;
+    njson& more = into[key];
+    if (!more.is_array()) more = njson::array();
+    for (const njson& v : part[key]) {
+      if (std::find(more.begin(), more.end(), v) == more.end()) more.push_back(v);
     }
   }
   return ok_status();
 }
 }  // namespace
+
+Status JsonSchema::string_automata(const njson& part, const std::string& where, Node& node) {
+  // The keyword's value (one string) and allOf's further ones, in order.
+  auto values = [&](const char* key, const char* more, std::vector<std::string>& out) -> Status {
+    if (part.contains(key)) {
+      if (!part[key].is_string()) return invalid_argument(where + key + ": expected a string");
+      out.push_back(part[key].get<std::string>());
+    }
+    if (part.contains(more) && part[more].is_array()) {
+      for (const njson& v : part[more]) {
+        if (v.is_string()) out.push_back(v.get<std::string>());
+      }
+    }
+    return ok_status();
+  };
+  std::vector<std::string> pattern_texts, format_names;
+  PETREL_RETURN_IF_ERROR(values("pattern", kMorePatterns, pattern_texts));
+  PETREL_RETURN_IF_ERROR(values("format", kMoreFormats, format_names));
+  std::vector<const RegexDfa*> formats;  // the enforced ones (format_dfa: null for a format not enforced)
+  for (const std::string& name : format_names) {
+    const RegexDfa* f = format_dfa(name);
+    if (f && std::find(formats.begin(), formats.end(), f) == formats.end()) formats.push_back(f);
+  }
+  if (pattern_texts.empty() && formats.size() <= 1) {  // one format alone: its shared automaton
+    node.format = formats.empty() ? nullptr : formats[0];
+    return ok_status();
+  }
+  // Else one automaton for all of them (so that a string the pattern allows but the format cannot finish is dead
+  // at once, not a dead end).
+  std::optional<RegexDfa> dfa;
+  for (const std::string& text : pattern_texts) {
+    Result<RegexDfa> next = RegexDfa::compile(text);
+    if (!next.ok()) return invalid_argument(where + next.status().message());
+    if (dfa) next = RegexDfa::intersect(*dfa, *next);
+    if (!next.ok()) return invalid_argument(where + "allOf: " + next.status().message());
+    dfa = std::move(next).value();
+  }
+  for (const RegexDfa* f : formats) {
+    Result<RegexDfa> next = dfa ? RegexDfa::intersect(*dfa, *f) : Result<RegexDfa>(*f);
+    if (!next.ok()) return invalid_argument(where + "allOf: " + next.status().message());
+    dfa = std::move(next).value();
+  }
+  // A schema may hold many patterns: their automata together are bounded like one (a request's compile time).
+  int64_t states = dfa->state_count();
+  for (const RegexDfa& other : patterns_) states += other.state_count();
+  if (states > 4 * int64_t{RegexDfa::kMaxStates}) {
+    return invalid_argument(where + "pattern: the schema's patterns need more than " +
+                            std::to_string(4 * RegexDfa::kMaxStates) + " automaton states in all");
+  }
+  patterns_.push_back(std::move(*dfa));
+  node.pattern = static_cast<int32_t>(patterns_.size() - 1);
+  return ok_status();
+}
 
 Status JsonSchema::add_object_union(const std::vector<const njson*>& parts, const std::string& where, int depth,
                                     int32_t index, Node& node) {
@@ -669,27 +741,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     return Status::ok_status();
   };
   if (node.types & kString) PETREL_RETURN_IF_ERROR(bounds(string_part, "minLength", "maxLength", node.min_length, node.max_length));
-  if ((node.types & kString) && string_part && string_part->is_object() && string_part->contains("format")) {
-    const njson& f = (*string_part)["format"];
-    if (!f.is_string()) return invalid_argument(where + "format: expected a string");
-    const std::string name = f.get<std::string>();
-    node.format = format_dfa(name);
-  }
-  if ((node.types & kString) && string_part && string_part->is_object() && string_part->contains("pattern")) {
-    const njson& p = (*string_part)["pattern"];
-    if (!p.is_string()) return invalid_argument(where + "pattern: expected a string");
-    Result<RegexDfa> dfa = RegexDfa::compile(p.get<std::string>());
-    if (!dfa.ok()) return invalid_argument(where + dfa.status().message());
-    // A schema may hold many patterns: their automata together are bounded like one (a request's compile time).
-    int64_t states = dfa->state_count();
-    for (const RegexDfa& other : patterns_) states += other.state_count();
-    if (states > 4 * int64_t{RegexDfa::kMaxStates}) {
-      return invalid_argument(where + "pattern: the schema's patterns need more than " +
-                              std::to_string(4 * RegexDfa::kMaxStates) + " automaton states in all");
-    }
-    patterns_.push_back(std::move(dfa).value());
-    node.pattern = static_cast<int32_t>(patterns_.size() - 1);
-  }
+  if ((node.types & kString) && string_part && string_part->is_object()) PETREL_RETURN_IF_ERROR(string_automata(*string_part, where, node));
   if (integer_part && numeric_parts == 1 && integer_part->is_object()) {
     PETREL_RETURN_IF_ERROR(numeric_constraint(*integer_part, (node.types & kNumber) == 0, where, node));
   }

@@ -122,6 +122,9 @@ class JsonSchema {
   // Node `index` (being built in `node`) as the union of the object schemas `parts` (Node::key_branches...).
   Status add_object_union(const std::vector<const nlohmann::json*>& parts, const std::string& where, int depth,
                           int32_t index, Node& node);
+  // A string's "pattern" and "format" (and allOf's further ones) as automata: a lone enforced format as
+  // Node::format, else everything intersected into one automaton, Node::pattern.
+  Status string_automata(const nlohmann::json& part, const std::string& where, Node& node);
   std::vector<Node> nodes_;
   std::vector<RegexDfa> patterns_;
   // While compiling: the whole document ($ref's target), and the node made for each schema object so far (so a

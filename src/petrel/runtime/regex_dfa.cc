@@ -630,6 +630,65 @@ Result<RegexDfa> RegexDfa::compile(std::string_view pattern) {
   return dfa;
 }
 
+Result<RegexDfa> RegexDfa::intersect(const RegexDfa& a, const RegexDfa& b) {
+  RegexDfa dfa;
+  dfa.pattern_ = "(" + a.pattern_ + ") and (" + b.pattern_ + ")";
+  std::map<std::pair<int32_t, int32_t>, int32_t> ids;
+  std::vector<std::pair<int32_t, int32_t>> pairs{{a.start(), b.start()}};
+  ids.emplace(pairs[0], 0);
+  for (size_t d = 0; d < pairs.size(); ++d) {
+    const auto [sa, sb] = pairs[d];
+    dfa.table_.resize((d + 1) * 256, kDead);
+    dfa.accepting_.push_back(a.accepting(sa) && b.accepting(sb) ? 1 : 0);
+    for (int c = 0; c < 256; ++c) {
+      const int32_t ta = a.next(sa, static_cast<unsigned char>(c)), tb = b.next(sb, static_cast<unsigned char>(c));
+      if (ta == kDead || tb == kDead) continue;
+      auto [it, inserted] = ids.emplace(std::make_pair(ta, tb), static_cast<int32_t>(pairs.size()));
+      if (inserted) {
+        if (pairs.size() >= static_cast<size_t>(kMaxStates)) {
+          return invalid_argument("pattern: the automaton of strings both '" + a.pattern_ + "' and '" + b.pattern_ +
+                                  "' match needs more than " + std::to_string(kMaxStates) + " states");
+        }
+        pairs.emplace_back(ta, tb);
+      }
+      dfa.table_[d * 256 + static_cast<size_t>(c)] = it->second;
+    }
+  }
+  // States that can still reach an accepting one (backwards from the accepting states); the others dead.
+  const size_t n = pairs.size();
+  std::vector<std::vector<int32_t>> from(n);
+  for (size_t d = 0; d < n; ++d) {
+    for (int c = 0; c < 256; ++c) {
+      const int32_t t = dfa.table_[d * 256 + static_cast<size_t>(c)];
+      if (t != kDead) from[static_cast<size_t>(t)].push_back(static_cast<int32_t>(d));
+    }
+  }
+  std::vector<uint8_t> live(n, 0);
+  std::vector<int32_t> work;
+  for (size_t d = 0; d < n; ++d) {
+    if (dfa.accepting_[d]) {
+      live[d] = 1;
+      work.push_back(static_cast<int32_t>(d));
+    }
+  }
+  while (!work.empty()) {
+    const int32_t t = work.back();
+    work.pop_back();
+    for (int32_t s : from[static_cast<size_t>(t)]) {
+      if (!live[static_cast<size_t>(s)]) {
+        live[static_cast<size_t>(s)] = 1;
+        work.push_back(s);
+      }
+    }
+  }
+  if (!live[0]) return invalid_argument("pattern: no string matches both '" + a.pattern_ + "' and '" + b.pattern_ + "'");
+  for (int32_t& t : dfa.table_) {
+    if (t != kDead && !live[static_cast<size_t>(t)]) t = kDead;
+  }
+  dfa.find_open_states();
+  return dfa;
+}
+
 // The largest set F of states such that every string character (an ASCII byte from 0x20 but '"' and
 // '\\', or a lead byte C2-F4 and its 1-3 continuation bytes 80-BF: a superset of valid UTF-8) leads from a state
 // of F to a state of F: a greatest fixpoint, states removed until none must be.

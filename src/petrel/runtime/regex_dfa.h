@@ -31,6 +31,10 @@ class RegexDfa {
 
   // kInvalidArgument naming the character offset for what the subset above does not hold.
   static Result<RegexDfa> compile(std::string_view pattern);
+  // The strings both match (allOf of two patterns or formats): the product automaton, with the states from which
+  // no string both accept is reachable turned dead, so that a live state can always be finished.
+  // kInvalidArgument when no string matches both, or the product needs more than kMaxStates states.
+  static Result<RegexDfa> intersect(const RegexDfa& a, const RegexDfa& b);
 
   int32_t start() const { return 0; }
   // The state after byte c, or kDead when no matching string goes on this way.
