@@ -265,20 +265,24 @@ TEST(JsonSchema, AllOfAllowsWhatEveryPartAllows) {
   ASSERT_TRUE(recursive.ok()) << recursive.status().to_string();
   EXPECT_TRUE(accepts(**recursive, R"({"n":{"v":1,"next":{"next":{}}}})"));
   EXPECT_FALSE(accepts(**recursive, R"({"n":{"next":{}}})"));
-  // Two patterns, or a pattern and a format: a string must match both (their automata intersected).
+  // Two patterns, or a pattern and a format: a string must match both (their automata intersected); two
+  // multipleOf: a multiple of their least common multiple.
   auto strings = JsonSchema::compile(njson::parse(R"({"type": "object", "properties": {
       "id": {"allOf": [{"type": "string", "pattern": "^[a-z0-9]+$"}, {"pattern": "^.{3}$"}, {"pattern": "[0-9]"}]},
       "day": {"allOf": [{"type": "string", "format": "date"}, {"pattern": "^2024-"}]},
       "both": {"allOf": [{"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}, {"type": "string", "pattern": "^.{2,4}$"}]},
-      "year": {"type": "string", "format": "date", "pattern": "^19"}}})"));
+      "year": {"type": "string", "format": "date", "pattern": "^19"},
+      "dozen": {"allOf": [{"type": "integer", "multipleOf": 4}, {"multipleOf": 6}]},
+      "step": {"allOf": [{"type": "number", "multipleOf": 0.5}, {"multipleOf": 0.3}]}}})"));
   ASSERT_TRUE(strings.ok()) << strings.status().to_string();
   for (const char* ok : {R"({"id":"ab1"})", R"({"id":"9zz"})", R"({"day":"2024-02-29"})", R"({"both":"ab"})", R"({"both":"axxb"})",
-                         R"({"year":"1999-12-31"})"}) {
+                         R"({"year":"1999-12-31"})", R"({"dozen":24})", R"({"dozen":-12})", R"({"step":1.5})", R"({"step":3})"}) {
     EXPECT_TRUE(accepts(**strings, ok)) << ok;
   }
   for (const char* bad : {R"({"id":"abc"})", R"({"id":"ab12"})", R"({"id":"Ab1"})", R"({"day":"2023-02-28"})",
                           R"({"day":"2024-13-01"})", R"({"both":"ba"})", R"({"both":"axxxb"})", R"({"both":"a"})",
-                          R"({"year":"2001-01-01"})", R"({"year":"19"})"}) {
+                          R"({"year":"2001-01-01"})", R"({"year":"19"})", R"({"dozen":8})", R"({"dozen":18})", R"({"step":0.5})",
+                          R"({"step":0.9})", R"({"step":2})"}) {
     EXPECT_FALSE(accepts(**strings, bad)) << bad;
   }
   // A pattern beside a format in one schema is one automaton: "19" followed by what no date has dies at once.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <numeric>
@@ -92,6 +93,39 @@ bool has_multiple(i128 lo, i128 hi, i128 m) {
   return q * m <= hi;
 }
 
+// A positive JSON number as digits * 10^-k exactly, from its shortest decimal text ("0.25": 25, 2; "3e2": 300, 0);
+// none when that takes more than 18 digits or k is negative beyond them.
+std::optional<std::pair<int64_t, int>> decimal_of(const njson& number) {
+  const std::string text = number.dump();
+  std::string digits;
+  int exponent = 0, fraction = 0;
+  bool dot = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c >= '0' && c <= '9') {
+      digits.push_back(c);
+      if (dot) ++fraction;
+    } else if (c == '.') {
+      dot = true;
+    } else if (c == 'e' || c == 'E') {
+      exponent = std::atoi(text.c_str() + i + 1);
+      break;
+    }
+  }
+  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
+  int k = fraction - exponent;
+  while (k < 0 && digits.size() < 19) {
+    digits.push_back('0');
+    ++k;
+  }
+  while (k > 0 && digits.size() > 1 && digits.back() == '0') {
+    digits.pop_back();
+    --k;
+  }
+  if (digits.empty() || digits.size() > 18 || k < 0) return std::nullopt;
+  return std::make_pair(static_cast<int64_t>(std::stoll(digits)), k);
+}
+
 // A number or integer schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; draft 4's boolean
 // exclusiveMinimum/Maximum too) and multipleOf, as JsonSchema::Node's scaled-integer constraint.
 Status numeric_constraint(const njson& part, bool integer_only, const std::string& where, JsonSchema::Node& node) {
@@ -111,35 +145,11 @@ Status numeric_constraint(const njson& part, bool integer_only, const std::strin
     double m = 0;
     PETREL_ASSIGN_OR_RETURN(bool has, number("multipleOf", m));
     if (!has || !(m > 0)) return invalid_argument(where + "multipleOf: expected a number greater than 0");
-    const std::string text = part["multipleOf"].dump();
-    std::string digits;
-    int exponent = 0, fraction = 0;
-    bool dot = false;
-    for (size_t i = 0; i < text.size(); ++i) {
-      const char c = text[i];
-      if (c >= '0' && c <= '9') {
-        digits.push_back(c);
-        if (dot) ++fraction;
-      } else if (c == '.') {
-        dot = true;
-      } else if (c == 'e' || c == 'E') {
-        exponent = std::atoi(text.c_str() + i + 1);
-        break;
-      }
-    }
-    digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
-    int k = fraction - exponent;
-    while (k < 0 && digits.size() < 19) {
-      digits.push_back('0');
-      ++k;
-    }
-    while (k > 0 && digits.size() > 1 && digits.back() == '0') {
-      digits.pop_back();
-      --k;
-    }
-    if (!digits.empty() && digits.size() <= 18 && k >= 0 && k <= JsonSchema::kMaxScale) {
+    const std::optional<std::pair<int64_t, int>> decimal = decimal_of(part["multipleOf"]);
+    if (decimal && decimal->second <= JsonSchema::kMaxScale) {
+      const int k = decimal->second;
       multiple_enforced = true;
-      multiple = std::stoll(digits);
+      multiple = decimal->first;
       if (integer_only) {  // an integer v with v * 10^k a multiple of `multiple`
         for (int i = 0; i < k; ++i) multiple /= std::gcd(multiple, int64_t{10});
       } else {
@@ -302,8 +312,8 @@ std::vector<std::string> type_names(const njson& t) {
 // number), properties joined (a property in both: its two schemas merged by `both`), required joined, enum and
 // const intersected, the tighter of two bounds and lengths, items merged by `both`, additionalProperties false if
 // either says so; two different patterns or formats both kept (the later ones under kMorePatterns / kMoreFormats,
-// whose automata compile() intersects with the first's). Other keywords (multipleOf, anyOf, ...) that both give:
-// the first's stays (the second's is not enforced; docs/SERVER.md).
+// whose automata compile() intersects with the first's); two multipleOf: their least common multiple. Other keywords
+// that both give: the first's stays (the second's is not enforced; docs/SERVER.md).
 // `both(a, b)` merges two schemas of one property or of the items (JsonSchema::merge_all_of, so that a union sees
 // the merged property's const or type).
 using MergeTwo = std::function<Result<njson>(const njson&, const njson&)>;
@@ -376,6 +386,35 @@ Status merge_into(njson& into, const njson& part, const std::string& where, cons
       }
     } else if (k == "additionalProperties") {
       if (v.is_boolean() && !v.get<bool>()) mine = false;
+    } else if (k == "multipleOf" && mine.is_number() && v.is_number() && mine != v) {
+      // A multiple of both: their least common multiple, exactly in decimal (0.5 and 0.3: 1.5); where that does
+      // not fit in 18 digits, the first's stays (the second's is not enforced).
+      const auto a = decimal_of(mine), b = decimal_of(v);
+      if (a && b && a->first > 0 && b->first > 0) {
+        const int scale = std::max(a->second, b->second);
+        auto widened = [&](std::pair<int64_t, int> d) -> std::optional<int64_t> {
+          int64_t x = d.first;
+          for (int i = d.second; i < scale; ++i) {
+            if (x > INT64_MAX / 10) return std::nullopt;
+            x *= 10;
+          }
+          return x;
+        };
+        const std::optional<int64_t> x = widened(*a), y = widened(*b);
+        if (x && y) {
+          const int64_t g = std::gcd(*x, *y);
+          if (*x / g <= int64_t{999999999999999999} / *y) {
+            const int64_t l = *x / g * *y;
+            // l * 10^-scale as its decimal text, read back as a JSON number (the shortest form of that double).
+            std::string text = std::to_string(l);
+            if (scale > 0) {
+              if (static_cast<int>(text.size()) <= scale) text.insert(0, static_cast<size_t>(scale + 1 - text.size()), '0');
+              text.insert(text.size() - static_cast<size_t>(scale), ".");
+            }
+            mine = njson::parse(text);
+          }
+        }
+      }
     } else if ((k == "pattern" || k == "format") && v.is_string() && mine != v) {
       njson& more = into[k == "pattern" ? kMorePatterns : kMoreFormats];
       if (!more.is_array()) more = njson::array();
