@@ -387,8 +387,8 @@ Status merge_into(njson& into, const njson& part, const std::string& where, cons
     } else if (k == "additionalProperties") {
       if (v.is_boolean() && !v.get<bool>()) mine = false;
     } else if (k == "multipleOf" && mine.is_number() && v.is_number() && mine != v) {
-      // A multiple of both: their least common multiple, exactly in decimal (0.5 and 0.3: 1.5); where that does
-      // not fit in 18 digits, the first's stays (the second's is not enforced).
+      // A multiple of both: their least common multiple, exactly in decimal (0.5 and 0.3: 1.5); where that takes
+      // more than 15 digits, the first's stays (the second's is not enforced).
       const auto a = decimal_of(mine), b = decimal_of(v);
       if (a && b && a->first > 0 && b->first > 0) {
         const int scale = std::max(a->second, b->second);
@@ -403,7 +403,7 @@ Status merge_into(njson& into, const njson& part, const std::string& where, cons
         const std::optional<int64_t> x = widened(*a), y = widened(*b);
         if (x && y) {
           const int64_t g = std::gcd(*x, *y);
-          if (*x / g <= int64_t{999999999999999999} / *y) {
+          if (*x / g <= int64_t{999999999999999} / *y) {  // 15 digits: exact through a double
             const int64_t l = *x / g * *y;
             // l * 10^-scale as its decimal text, read back as a JSON number (the shortest form of that double).
             std::string text = std::to_string(l);
@@ -467,12 +467,12 @@ Status JsonSchema::string_automata(const njson& part, const std::string& where, 
     Result<RegexDfa> next = RegexDfa::compile(text);
     if (!next.ok()) return invalid_argument(where + next.status().message());
     if (dfa) next = RegexDfa::intersect(*dfa, *next);
-    if (!next.ok()) return invalid_argument(where + "allOf: " + next.status().message());
+    if (!next.ok()) return invalid_argument(where + next.status().message());
     dfa = std::move(next).value();
   }
   for (const RegexDfa* f : formats) {
     Result<RegexDfa> next = dfa ? RegexDfa::intersect(*dfa, *f) : Result<RegexDfa>(*f);
-    if (!next.ok()) return invalid_argument(where + "allOf: " + next.status().message());
+    if (!next.ok()) return invalid_argument(where + next.status().message());
     dfa = std::move(next).value();
   }
   // A schema may hold many patterns: their automata together are bounded like one (a request's compile time).
