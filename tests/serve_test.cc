@@ -748,6 +748,56 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   }
 }
 
+// POST /tokenize and /detokenize (llama.cpp's and vLLM's shapes): the model's tokenizer, ids as the runtime's.
+TEST(Server, TokenizeAndDetokenizeUseTheModelsTokenizer) {
+  auto engine = tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  auto running = tiny_server(engine);
+  ASSERT_NE(running, nullptr);
+  auto client = running->client();
+  const std::string text = "The history of <|eot_id|> tea";
+  auto plain = engine->tokenizer()->encode(text, EncodeOptions{.add_special = false, .parse_special = true, .untrusted_ranges = {}});
+  auto with_bos = engine->tokenizer()->encode(text, EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
+  auto literal = engine->tokenizer()->encode(text, EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
+  ASSERT_TRUE(plain.ok() && with_bos.ok() && literal.ok());
+  auto post = [&](const char* path, const ojson& body) {
+    auto res = client.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    return res ? std::make_pair(res->status, ojson::parse(res->body)) : std::make_pair(0, ojson());
+  };
+  // llama.cpp: "content", no special tokens added unless asked; vLLM: "prompt", added unless told not to.
+  auto [s1, r1] = post("/tokenize", {{"content", text}});
+  EXPECT_EQ(s1, 200);
+  EXPECT_EQ(r1["tokens"], ojson(*plain));
+  EXPECT_EQ(r1["count"], plain->size());
+  EXPECT_EQ(r1["max_model_len"], 512);
+  EXPECT_EQ(post("/tokenize", {{"prompt", text}}).second["tokens"], ojson(*with_bos));
+  EXPECT_EQ(post("/tokenize", {{"prompt", text}, {"add_special_tokens", false}}).second["tokens"], ojson(*plain));
+  EXPECT_EQ(post("/tokenize", {{"content", text}, {"add_special", true}}).second["tokens"], ojson(*with_bos));
+  EXPECT_EQ(post("/tokenize", {{"content", text}, {"parse_special", false}}).second["tokens"], ojson(*literal));
+  auto [s2, pieces] = post("/tokenize", {{"content", "Hello"}, {"with_pieces", true}});
+  EXPECT_EQ(s2, 200);
+  std::string joined;
+  for (const ojson& t : pieces["tokens"]) joined += t["piece"].get<std::string>();
+  EXPECT_EQ(joined, "Hello");
+  // Back: the same text.
+  auto [s3, back] = post("/detokenize", {{"tokens", *plain}});
+  EXPECT_EQ(s3, 200);
+  EXPECT_EQ(back["content"], text);
+  EXPECT_EQ(back["prompt"], text);
+  // Bad requests name what is wrong; the server goes on.
+  const std::pair<const char*, ojson> bad[] = {
+      {"/tokenize", {{"text", "x"}}}, {"/tokenize", {{"content", 3}}}, {"/tokenize", {{"content", "x"}, {"add_special", "yes"}}},
+      {"/detokenize", {{"tokens", "1 2"}}}, {"/detokenize", {{"tokens", {1, "a"}}}}, {"/detokenize", {{"tokens", {-1}}}},
+      {"/detokenize", {{"tokens", {99999999}}}}};
+  for (const auto& [path, body] : bad) {
+    auto [status, r] = post(path, body);
+    EXPECT_EQ(status, 400) << path << " " << body.dump();
+    EXPECT_TRUE(r.contains("error")) << r.dump();
+  }
+  EXPECT_EQ(post("/tokenize", {{"content", "again"}}).first, 200);
+}
+
 // Log-probabilities against Hugging Face transformers: the echoed prompt's token_logprobs are the log-softmax of
 // transformers' logits for the parity tokens (tests/data/parity, made by make_parity_fixtures.py), the way a
 // scoring harness (lm-evaluation-harness) asks for a text's likelihood; chat logprobs stream as they come and

@@ -650,6 +650,39 @@ std::variant<TextCompletionRequest, ApiError> parse_text_completion_request(std:
   return r;
 }
 
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body, const ServeLimits& limits) {
+  auto body_json = parse_body(body, limits);
+  if (auto* e = std::get_if<ApiError>(&body_json)) return *e;
+  const ojson& j = std::get<ojson>(body_json);
+  TokenizeRequest r;
+  const bool content = j.contains("content") && !j["content"].is_null();
+  const char* key = content ? "content" : "prompt";
+  if (!j.contains(key) || !j[key].is_string()) return bad(key, "expected the text to tokenize as a string (\"content\" or \"prompt\")");
+  r.text = j[key].get<std::string>();
+  r.add_special = !content;  // llama.cpp's default for "content", vLLM's for "prompt"
+  for (const char* flag : {"add_special", "add_special_tokens"}) {
+    if (auto e = get_bool(j, flag, r.add_special)) return *e;
+  }
+  if (auto e = get_bool(j, "parse_special", r.parse_special)) return *e;
+  if (auto e = get_bool(j, "with_pieces", r.with_pieces)) return *e;
+  return r;
+}
+
+std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view body, const ServeLimits& limits) {
+  auto body_json = parse_body(body, limits);
+  if (auto* e = std::get_if<ApiError>(&body_json)) return *e;
+  const ojson& j = std::get<ojson>(body_json);
+  if (!j.contains("tokens") || !j["tokens"].is_array()) return bad("tokens", "expected a list of token ids");
+  DetokenizeRequest r;
+  for (const ojson& t : j["tokens"]) {
+    if (!t.is_number_integer()) return bad("tokens", "expected a list of token ids, got " + std::string(type_name(t)));
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id > INT32_MAX) return bad("tokens", "token id " + std::to_string(id) + " is out of range");
+    r.tokens.push_back(static_cast<int32_t>(id));
+  }
+  return r;
+}
+
 std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, const TextCompletionRequest& request,
                                                   const CompletionOptions& options,
                                                   const std::function<bool(const std::string&)>& emit) {

@@ -41,6 +41,7 @@
 #include "petrel/runtime/prompt.h"
 #include "petrel/runtime/session.h"
 #include "petrel/serve/tool_calls.h"
+#include "petrel/text/tokenizer.h"
 #include "petrel/util/status.h"
 
 namespace petrel::serve {
@@ -101,6 +102,20 @@ struct TextCompletionRequest : SamplingRequest {
   bool echo = false;
 };
 
+// POST /tokenize and /detokenize (llama.cpp's and vLLM's extensions: the model's tokenizer, no model run). The text
+// as "content" (llama.cpp) or "prompt" (vLLM); "add_special" / "add_special_tokens" (default: false for "content",
+// true for "prompt", as each server does), "parse_special" (default true: "<|eot_id|>" written in the text is that
+// token), "with_pieces" (each token as {"id", "piece"}). /detokenize takes "tokens" (ids).
+struct TokenizeRequest {
+  std::string text;
+  bool add_special = false;
+  bool parse_special = true;
+  bool with_pieces = false;
+};
+struct DetokenizeRequest {
+  std::vector<int32_t> tokens;
+};
+
 // An error for the client: HTTP status, OpenAI error type and the parameter at fault.
 struct ApiError {
   int http_status = 400;
@@ -114,6 +129,9 @@ struct ApiError {
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ServeLimits& limits);
 
 std::variant<TextCompletionRequest, ApiError> parse_text_completion_request(std::string_view body, const ServeLimits& limits);
+
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body, const ServeLimits& limits);
+std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view body, const ServeLimits& limits);
 
 // What a generator is asked to do: the prepared conversation (tool_calls.h) and how to sample.
 struct ChatTurn {
@@ -176,6 +194,10 @@ class ChatGenerator {
   virtual Result<ChatOutput> generate_text(const TextTurn& turn, const GenerationEvents& events) {
     return unsupported("this generator takes chat messages only");
   }
+  // The model's tokenizer (thread-safe; /tokenize and /detokenize use it without waiting for the model) and its
+  // context length; null and 0 for generators without one.
+  virtual const Tokenizer* tokenizer() const { return nullptr; }
+  virtual int64_t context_length() const { return 0; }
 };
 
 struct CompletionOptions {

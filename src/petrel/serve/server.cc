@@ -53,6 +53,7 @@ Result<std::unique_ptr<EngineGenerator>> EngineGenerator::create(std::shared_ptr
   auto generator = std::unique_ptr<EngineGenerator>(new EngineGenerator());
   PETREL_ASSIGN_OR_RETURN(generator->session_, Session::create(engine, context_length, kv_type));
   generator->engine_ = std::move(engine);
+  generator->context_length_ = context_length;
   return generator;
 }
 
@@ -321,6 +322,49 @@ void Server::install_routes() {
       });
     };
   };
+  // llama.cpp's and vLLM's tokenizer endpoints: the tokenizer only, not behind the model's lock.
+  auto tokenizer_route = [this, authorized](auto parse, auto answer) {
+    return [this, authorized, parse, answer](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const Tokenizer* tokenizer = generator_->tokenizer();
+      if (!tokenizer) return send_error(res, simple_error(501, "server_error", "this model has no tokenizer"));
+      auto parsed = parse(req.body, options_.completion.limits);
+      if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+      answer(*tokenizer, std::get<0>(parsed), res);
+    };
+  };
+  auto tokenize = [this](const Tokenizer& tokenizer, const TokenizeRequest& r, httplib::Response& res) {
+    auto ids = tokenizer.encode(r.text, EncodeOptions{.add_special = r.add_special, .parse_special = r.parse_special,
+                                                      .untrusted_ranges = {}});
+    if (!ids.ok()) return send_error(res, api_error_from_status(ids.status()));
+    ojson tokens = ojson::array();
+    for (int32_t id : *ids) {
+      if (!r.with_pieces) {
+        tokens.push_back(id);
+        continue;
+      }
+      const std::string piece = tokenizer.token_bytes(id).value_or("");
+      tokens.push_back({{"id", id}, {"piece", utf8::sanitize(piece)}});
+    }
+    send_json(res, 200, {{"tokens", std::move(tokens)}, {"count", ids->size()}, {"max_model_len", generator_->context_length()}});
+  };
+  auto detokenize = [](const Tokenizer& tokenizer, const DetokenizeRequest& r, httplib::Response& res) {
+    for (int32_t id : r.tokens) {
+      if (id >= tokenizer.vocab_size()) {
+        ApiError e = simple_error(400, "invalid_request_error",
+                                  "tokens: token id " + std::to_string(id) + " is not in the vocabulary (" +
+                                      std::to_string(tokenizer.vocab_size()) + " tokens)");
+        e.param = "tokens";
+        return send_error(res, e);
+      }
+    }
+    auto text = tokenizer.decode(r.tokens);
+    if (!text.ok()) return send_error(res, api_error_from_status(text.status()));
+    const std::string content = utf8::sanitize(*text);
+    send_json(res, 200, {{"content", content}, {"prompt", content}});
+  };
+  http.Post("/tokenize", tokenizer_route(parse_tokenize_request, tokenize));
+  http.Post("/detokenize", tokenizer_route(parse_detokenize_request, detokenize));
   http.Post("/v1/chat/completions", completion_route(parse_chat_request, run_chat_completion));
   http.Post("/v1/completions", completion_route(parse_text_completion_request, run_text_completion));
 }

@@ -39,6 +39,8 @@ class EngineGenerator : public ChatGenerator {
   Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) override;
   // Text: tokenized with BOS (not doubled when the text starts with it), special tokens read as special.
   Result<ChatOutput> generate_text(const TextTurn& turn, const GenerationEvents& events) override;
+  const Tokenizer* tokenizer() const override { return engine_->tokenizer(); }
+  int64_t context_length() const override { return context_length_; }
   // The tool-call format the model's chat template implies, and whether it writes the tools (tool_calls.h).
   ToolCallFormat detected_tool_format() const;
   bool template_writes_tools() const;
@@ -56,6 +58,7 @@ class EngineGenerator : public ChatGenerator {
 
   std::shared_ptr<const Engine> engine_;
   std::unique_ptr<Session> session_;
+  int64_t context_length_ = 0;
   const std::shared_ptr<const JsonTokenTable>& json_tokens();  // built at first use
   std::shared_ptr<const JsonTokenTable> json_tokens_;
 };
