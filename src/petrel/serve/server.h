@@ -4,6 +4,7 @@
 //   GET  /v1/models            the one model, under ServerOptions::completion.model_name
 //   POST /v1/chat/completions  openai_api.h (streaming as server-sent events)
 //   POST /v1/completions       the legacy text API: a raw prompt, no chat template
+//   POST /tokenize, /detokenize  the model's tokenizer (llama.cpp's and vLLM's shapes; openai_api.h), no model run
 //
 // One generation runs at a time (the model and its KV cache are one resource; requests that resend a growing
 // conversation reuse its cached prefix, as `petrel chat` does); up to max_waiting more requests wait for it,
