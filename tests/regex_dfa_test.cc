@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <optional>
 #include <utility>
 #include <random>
@@ -257,6 +258,35 @@ TEST(RegexDfa, IntersectionMatchesWhatBothMatchAndHasNoDeadEnds) {
       EXPECT_TRUE(finishable) << "a live state that cannot finish, walk " << walk;
     }
   }
+  // Against PCRE2 on pairs of the patterns above: the product matches a string iff PCRE2 finds both patterns in it,
+  // on random strings and on walks of the product (which end in its accepting states).
+  std::mt19937 pair_rng(11);
+  int pairs_checked = 0;
+  for (int t = 0; t < 60; ++t) {
+    const std::string pa = kPatterns[pair_rng() % std::size(kPatterns)], pb = kPatterns[pair_rng() % std::size(kPatterns)];
+    auto da = RegexDfa::compile(pa), db = RegexDfa::compile(pb);
+    ASSERT_TRUE(da.ok() && db.ok());
+    const Pcre ra(pa), rb(pb);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    auto product = RegexDfa::intersect(*da, *db);
+    if (!product.ok()) {  // nothing in common: no random string may match both
+      for (int i = 0; i < 300; ++i) {
+        const std::string str = random_string(pair_rng, 8);
+        EXPECT_FALSE(ra.match(str, false) == 1 && rb.match(str, false) == 1) << pa << " & " << pb << " on " << str;
+      }
+      continue;
+    }
+    ++pairs_checked;
+    for (int i = 0; i < 300; ++i) {
+      std::string str = random_string(pair_rng, 8);
+      if (i % 3 == 0) {
+        if (auto w = walk(*product, pair_rng)) str = *w;
+      }
+      EXPECT_EQ(product->matches(str), ra.match(str, false) == 1 && rb.match(str, false) == 1)
+          << pa << " & " << pb << " on '" << str << "'";
+    }
+  }
+  EXPECT_GT(pairs_checked, 20);
   // Nothing in common, and unanchored patterns (search semantics): strings that contain both.
   auto xs = RegexDfa::compile("^x+$"), ys = RegexDfa::compile("^y");
   ASSERT_TRUE(xs.ok() && ys.ok());

@@ -575,6 +575,15 @@ std::unique_ptr<RunningServer> tiny_server(const std::shared_ptr<Engine>& engine
   return std::make_unique<RunningServer>(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
 }
 
+// POST `body` to `path`: the status and the answer's JSON (0 and null when there was no answer, a discarded value
+// when the answer is not JSON).
+std::pair<int, ojson> post_json(httplib::Client& client, const char* path, const ojson& body) {
+  auto res = client.Post(path, body.dump(), "application/json");
+  EXPECT_TRUE(res) << path;
+  if (!res) return {0, ojson()};
+  return {res->status, ojson::parse(res->body, nullptr, /*allow_exceptions=*/false)};
+}
+
 // The data of each server-sent event of an answer's body, up to [DONE].
 std::vector<ojson> sse_data(const std::string& body) {
   std::vector<ojson> out;
@@ -628,10 +637,8 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   // n = 2 at temperature 0: two copies of the greedy answer, the prompt counted once.
   ojson two = body;
   two["n"] = 2;
-  auto both = client.Post("/v1/chat/completions", two.dump(), "application/json");
-  ASSERT_TRUE(both);
-  ASSERT_EQ(both->status, 200) << both->body;
-  const ojson b = ojson::parse(both->body);
+  const auto [both, b] = post_json(client, "/v1/chat/completions", two);
+  ASSERT_EQ(both, 200) << b.dump();
   ASSERT_EQ(b["choices"].size(), 2u);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(b["choices"][i]["index"], i);
@@ -641,19 +648,15 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   EXPECT_EQ(b["usage"]["completion_tokens"], 2 * expected->stats.generated_tokens);
   // Sampled with a seed: choice i is the single choice of seed + i, and the request repeats.
   ojson sampled = {{"messages", messages}, {"max_tokens", 12}, {"temperature", 1.0}, {"seed", 41}, {"n", 3}};
-  auto first = client.Post("/v1/chat/completions", sampled.dump(), "application/json");
-  auto repeat = client.Post("/v1/chat/completions", sampled.dump(), "application/json");
-  ASSERT_TRUE(first && repeat);
-  const ojson f = ojson::parse(first->body);
+  const ojson f = post_json(client, "/v1/chat/completions", sampled).second;
   ASSERT_EQ(f["choices"].size(), 3u);
-  EXPECT_EQ(f["choices"], ojson::parse(repeat->body)["choices"]);
+  EXPECT_EQ(f["choices"], post_json(client, "/v1/chat/completions", sampled).second["choices"]);
   for (int i = 0; i < 3; ++i) {
     ojson one = sampled;
     one["n"] = 1;
     one["seed"] = 41 + i;
-    auto single = client.Post("/v1/chat/completions", one.dump(), "application/json");
-    ASSERT_TRUE(single);
-    EXPECT_EQ(ojson::parse(single->body)["choices"][0]["message"], f["choices"][i]["message"]) << "choice " << i;
+    EXPECT_EQ(post_json(client, "/v1/chat/completions", one).second["choices"][0]["message"], f["choices"][i]["message"])
+        << "choice " << i;
   }
 
   // Bad requests get JSON errors and the server goes on.
@@ -717,10 +720,8 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   }
   // n = 2 with echo and logprobs: each choice holds the prompt and its log-probabilities (computed once).
   const ojson two = {{"prompt", "The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}, {"n", 2}};
-  auto both = client.Post("/v1/completions", two.dump(), "application/json");
-  ASSERT_TRUE(both);
-  ASSERT_EQ(both->status, 200) << both->body;
-  const ojson b = ojson::parse(both->body);
+  const auto [both, b] = post_json(client, "/v1/completions", two);
+  ASSERT_EQ(both, 200) << b.dump();
   ASSERT_EQ(b["choices"].size(), 2u);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(b["choices"][i]["index"], i);
@@ -760,11 +761,7 @@ TEST(Server, TokenizeAndDetokenizeUseTheModelsTokenizer) {
   auto with_bos = engine->tokenizer()->encode(text, EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
   auto literal = engine->tokenizer()->encode(text, EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
   ASSERT_TRUE(plain.ok() && with_bos.ok() && literal.ok());
-  auto post = [&](const char* path, const ojson& body) {
-    auto res = client.Post(path, body.dump(), "application/json");
-    EXPECT_TRUE(res);
-    return res ? std::make_pair(res->status, ojson::parse(res->body)) : std::make_pair(0, ojson());
-  };
+  auto post = [&](const char* path, const ojson& body) { return post_json(client, path, body); };
   // llama.cpp: "content", no special tokens added unless asked; vLLM: "prompt", added unless told not to.
   auto [s1, r1] = post("/tokenize", {{"content", text}});
   EXPECT_EQ(s1, 200);
