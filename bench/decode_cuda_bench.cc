@@ -62,6 +62,9 @@
 //                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2
 //   any of them with "-acold" (before "-skipN"): the fused attention kernel's tensor-core build without its warm
 //                     pass (CudaModelOptions::decode_attention_warm off), e.g. fused-acold
+//   any of them with "-gtN", "-gtbN", "-pfgN" (before "-acold"): gate/up's blocks (the first N, with -gtbN) copy the
+//                     last N steps of their slices into shared memory before their wait; gate/up's L2 prefetch
+//                     steps (CudaModelOptions::decode_gate_up_*; session 28), e.g. fused-gt12-gtb264
 //   any of them with "-attnfp32" (before "-skipN"): the fused attention kernel's float32 build instead of its
 //                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
@@ -261,6 +264,15 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   if (const size_t at = base.rfind("-acold"); at != std::string::npos && at + 6 == base.size()) {
     o.decode_attention_warm = false;
     base.resize(at);
+  }
+  // "-gtN", "-gtbN", "-pfgN" (in that order, after any "-attnfp32" and before "-acold"; session 28's experiment): gate/up's L2
+  // prefetch steps, the blocks that copy a shared-memory tail, the tail's steps
+  // (CudaModelOptions::decode_gate_up_*), e.g. fused-gt12, fused-gt12-gtb264, fused-pfg48.
+  {
+    int64_t n = 0;
+    if (take_number_suffix(base, "-pfg", 3, &n)) o.decode_gate_up_l2_prefetch_steps = static_cast<int>(n);
+    if (take_number_suffix(base, "-gtb", 4, &n)) o.decode_gate_up_smem_tail_blocks = static_cast<int>(n);
+    if (take_number_suffix(base, "-gt", 3, &n)) o.decode_gate_up_smem_tail_steps = static_cast<int>(n);
   }
   // "-attnfp32": the fused attention kernel's float32 build, not the tensor-core one
   // (CudaModelOptions::decode_attention_tensor_cores off).

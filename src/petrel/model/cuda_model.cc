@@ -326,6 +326,16 @@ struct CudaModel::State {
     return o;
   }
 
+  // gate/up's GemvOptions in the fused step: its splits, and the session-28 experiment's shared-memory tail and
+  // L2 prefetch (CudaModelOptions::decode_gate_up_*).
+  cuda::GemvOptions gate_up_options(cuda::GemvOptions o) const {
+    o.k_splits = options.decode_splits.gate_up;
+    o.smem_tail_steps = options.decode_gate_up_smem_tail_steps;
+    o.smem_tail_blocks = options.decode_gate_up_smem_tail_blocks;
+    if (options.decode_gate_up_l2_prefetch_steps >= 0) o.l2_prefetch_steps = options.decode_gate_up_l2_prefetch_steps;
+    return o;
+  }
+
   Status enqueue_fused_step(bool with_final_norm) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -390,7 +400,7 @@ struct CudaModel::State {
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       if (!(skip & CudaModelOptions::kSkipGateUp)) {
         PETREL_RETURN_IF_ERROR(
-            cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, with_splits(atomic, options.decode_splits.gate_up),
+            cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, gate_up_options(atomic),
                                     clearing(post_attention_norm, q, c.q_dim())));
       }
       cuda::GemvFusion silu_and_add;

@@ -98,6 +98,14 @@ struct CudaModelOptions {
   struct DecodeSplits {
     int qkv = 0, o = 8, gate_up = 0, down = 0;
   } decode_splits;
+  // Experiment (session 28): the fused step's gate/up blocks copy the last N steps of their input slices into
+  // shared memory before their wait (cuda::GemvOptions::smem_tail_steps; 0: none), the first
+  // decode_gate_up_smem_tail_blocks blocks only (0: all); and gate/up's own L2 prefetch steps (-1:
+  // gemv_l2_prefetch_steps). gate/up's early blocks wait ~8 us for o with their memory idle (session 19's
+  // timeline). Bench suffixes -gtN, -gtbN, -pfgN.
+  int decode_gate_up_smem_tail_steps = 0;
+  int decode_gate_up_smem_tail_blocks = 0;
+  int decode_gate_up_l2_prefetch_steps = -1;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K
