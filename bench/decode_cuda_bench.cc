@@ -62,9 +62,9 @@
 //                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2
 //   any of them with "-acold" (before "-skipN"): the fused attention kernel's tensor-core build without its warm
 //                     pass (CudaModelOptions::decode_attention_warm off), e.g. fused-acold
-//   any of them with "-gtN", "-gtbN", "-pfgN" (before "-acold"): gate/up's blocks (the first N, with -gtbN) copy the
-//                     last N steps of their slices into shared memory before their wait; gate/up's L2 prefetch
-//                     steps (CudaModelOptions::decode_gate_up_*; session 28), e.g. fused-gt12-gtb264
+//   any of them with "-pfqN", "-pfoN", "-pfgN", "-pfdN" (before "-acold"): N steps of L2 prefetch for that product
+//                     alone (q/k/v, o, gate/up, down in every format; CudaModelOptions::decode_l2_prefetch), e.g.
+//                     fused-pfq16-pfg16-pfd16 (the defaults before session 28)
 //   any of them with "-attnfp32" (before "-skipN"): the fused attention kernel's float32 build instead of its
 //                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
@@ -265,15 +265,22 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     o.decode_attention_warm = false;
     base.resize(at);
   }
-  // "-gtN", "-gtbN", "-pfgN" (in that order, after any "-attnfp32" and before "-acold"; session 28's experiment): gate/up's L2
-  // prefetch steps, the blocks that copy a shared-memory tail, the tail's steps
-  // (CudaModelOptions::decode_gate_up_*), e.g. fused-gt12, fused-gt12-gtb264, fused-pfg48.
-  {
-    int64_t n = 0;
-    if (take_number_suffix(base, "-pfg", 3, &n)) o.decode_gate_up_l2_prefetch_steps = static_cast<int>(n);
-    if (take_number_suffix(base, "-gtb", 4, &n)) o.decode_gate_up_smem_tail_blocks = static_cast<int>(n);
-    if (take_number_suffix(base, "-gt", 3, &n)) o.decode_gate_up_smem_tail_steps = static_cast<int>(n);
-  }
+  // "-pfqN", "-pfoN", "-pfgN", "-pfdN" (in this order, after any "-attnfp32", before "-acold"): N steps of L2
+  // prefetch for q/k/v, o, gate/up or down alone (CudaModelOptions::decode_l2_prefetch), e.g. fused-pfg8-pfd32.
+  // Applied after the base name's options (below), which may set every product's prefetch alike.
+  int64_t prefetch_down = -1, prefetch_gate_up = -1, prefetch_o = -1, prefetch_qkv = -1;
+  take_number_suffix(base, "-pfd", 3, &prefetch_down);
+  take_number_suffix(base, "-pfg", 3, &prefetch_gate_up);
+  take_number_suffix(base, "-pfo", 3, &prefetch_o);
+  take_number_suffix(base, "-pfq", 3, &prefetch_qkv);
+  const auto per_product_prefetch = [&] {
+    CudaModelOptions::DecodePrefetch& p = o.decode_l2_prefetch;
+    if (prefetch_down >= 0) p.down = p.down_grouped = static_cast<int>(prefetch_down);
+    if (prefetch_gate_up >= 0) p.gate_up = static_cast<int>(prefetch_gate_up);
+    if (prefetch_o >= 0) p.o = static_cast<int>(prefetch_o);
+    if (prefetch_qkv >= 0) p.qkv = static_cast<int>(prefetch_qkv);
+    return true;
+  };
   // "-attnfp32": the fused attention kernel's float32 build, not the tensor-core one
   // (CudaModelOptions::decode_attention_tensor_cores off).
   if (const size_t at = base.rfind("-attnfp32"); at != std::string::npos && at + 9 == base.size()) {
@@ -295,8 +302,12 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
     char tail = 0;
     if (std::sscanf(base.c_str() + 13, "%d-%d-%d-%d%c", &q, &o_, &g, &d, &tail) != 4 || q < 0 || o_ < 0 || g < 0 || d < 0) return false;
     o.decode_splits = {q, o_, g, d};
-    return true;
+    return per_product_prefetch();
   }
+  // The variants below that name one prefetch for every GEMV: every product of the fused step takes it.
+  const bool uniform_prefetch = base == "fused-serial" || base == "fused-overlap" || base == "fused-cluster" ||
+                                base.rfind("fused-prefetch", 0) == 0;
+  if (uniform_prefetch) o.decode_l2_prefetch = {-1, -1, -1, -1, -1};
   o.resident_step = base == "resident" || base == "resident-tiled";
   o.resident_tiled_copy = base == "resident-tiled";
   if (o.resident_step) {
@@ -334,7 +345,7 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   } else if (base != "fused") {
     return false;
   }
-  return true;
+  return per_product_prefetch();
 }
 
 // Median time per call (us) of `calls` launches captured in one CUDA graph, over `reps` replays.

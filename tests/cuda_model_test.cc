@@ -319,12 +319,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions cold = fused;  // attention without its warm pass before the wait: the same bits
   cold.decode_attention_warm = false;
   EXPECT_EQ(cuda_logits(**model, tokens, cold), overlapped);
-  CudaModelOptions tail = fused;  // gate/up's last steps through shared memory (every block, then the first 3): same bits
-  tail.decode_gate_up_smem_tail_steps = 4;
-  EXPECT_EQ(cuda_logits(**model, tokens, tail), overlapped);
-  tail.decode_gate_up_smem_tail_blocks = 3;
-  tail.decode_gate_up_l2_prefetch_steps = 0;
-  EXPECT_EQ(cuda_logits(**model, tokens, tail), overlapped);
   // The resident step (Hopper and later): with the GEMV planner's input slices, the five-launch step's bits;
   // with its own (longer) slices, the same sums in another order.
   auto info = cuda::device_info(0);

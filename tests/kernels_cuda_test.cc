@@ -646,6 +646,9 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
       {{8}, 64, 32, 4, true},
       {{36, 52, 4}, 128, -1, 8, true},
       {{1028, 132}, 256, 32, 8, false},
+      // One split of 8,192 inputs at 8 bits: 16 KB of staged x + 16 KB of fp16/bf16 norm weights, exactly 32 KB of
+      // dynamic shared memory beside the static 16.5 KB (a Llama-3.1-70B-shaped LM head; it failed to launch).
+      {{64}, 8192, -1, 8, true},
   };
   auto workspace = cuda::GemvWorkspace::create();
   ASSERT_TRUE(workspace.ok()) << workspace.status().to_string();
@@ -720,22 +723,6 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
             }
             if (!overlap) without_overlap = first;
             else EXPECT_EQ(first, without_overlap) << "overlap changed the bits";
-            // The last steps of each slice through shared memory (GemvOptions::smem_tail_steps; 4-bit RMSNorm
-            // products): where the bytes come from changes, not the sums. Every block, then the first two.
-            if (overlap && input == cuda::GemvInput::kRmsNorm && c.bits == 4) {
-              for (const auto& [tail_steps, tail_blocks] : {std::pair{4, 0}, std::pair{8, 2}, std::pair{24, 0}}) {
-                SCOPED_TRACE("shared-memory tail of " + std::to_string(tail_steps) + " steps, blocks " + std::to_string(tail_blocks));
-                cuda::GemvOptions tail = options;
-                tail.smem_tail_steps = tail_steps;
-                tail.smem_tail_blocks = tail_blocks;
-                for (cuda::DeviceBuffer& y : outputs) ASSERT_TRUE(y.fill_bytes(0xFF).ok());
-                Status st = cuda::gemv_gptq_grouped(members, x_dev.as<float>(), *workspace, nullptr, tail, fusion);
-                ASSERT_TRUE(st.ok()) << st.to_string();
-                for (size_t i = 0; i < matrices.size(); ++i) {
-                  EXPECT_EQ(download_floats(outputs[i], matrices[i].host.rows), without_overlap[i]) << "matrix " << i;
-                }
-              }
-            }
           }
         }
       }
@@ -763,10 +750,6 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
   misaligned_norm.input = cuda::GemvInput::kRmsNorm;
   misaligned_norm.norm_weight = cuda::DeviceVector{DType::kF32, 256, y->as<float>() + 1};
   EXPECT_EQ(cuda::gemv_gptq(*bad[0].w, y->as<float>() + 512, y->as<float>() + 256, *workspace, nullptr, {}, misaligned_norm).code(),
-            ErrorCode::kInvalidArgument);
-  cuda::GemvOptions odd_tail;  // the tail is whole batches of 4 steps
-  odd_tail.smem_tail_steps = 6;
-  EXPECT_EQ(cuda::gemv_gptq(*bad[0].w, y->as<float>() + 512, y->as<float>() + 256, *workspace, nullptr, odd_tail).code(),
             ErrorCode::kInvalidArgument);
   std::printf("[ cuda grouped gemv ] worst relative L2 %.3g (x rounded to fp16; %.3g against float32 x)\n", worst,
               worst_fp32_input);

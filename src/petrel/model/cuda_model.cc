@@ -321,18 +321,11 @@ struct CudaModel::State {
   //   down_proj GEMV, SiLU(gate) * up in its staging, x += in its epilogue.
   // x is the residual stream, up to date after every layer (the unfused step keeps the last add pending in
   // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
-  static cuda::GemvOptions with_splits(cuda::GemvOptions o, int k_splits) {
+  // A product's options in the fused step: its input splits and, where set, its own L2 prefetch steps
+  // (CudaModelOptions::decode_splits, decode_l2_prefetch).
+  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps) {
     o.k_splits = k_splits;
-    return o;
-  }
-
-  // gate/up's GemvOptions in the fused step: its splits, and the session-28 experiment's shared-memory tail and
-  // L2 prefetch (CudaModelOptions::decode_gate_up_*).
-  cuda::GemvOptions gate_up_options(cuda::GemvOptions o) const {
-    o.k_splits = options.decode_splits.gate_up;
-    o.smem_tail_steps = options.decode_gate_up_smem_tail_steps;
-    o.smem_tail_blocks = options.decode_gate_up_smem_tail_blocks;
-    if (options.decode_gate_up_l2_prefetch_steps >= 0) o.l2_prefetch_steps = options.decode_gate_up_l2_prefetch_steps;
+    if (l2_prefetch_steps >= 0) o.l2_prefetch_steps = l2_prefetch_steps;
     return o;
   }
 
@@ -378,7 +371,7 @@ struct CudaModel::State {
       const uint32_t skip = options.decode_skip_phases;  // diagnostic (CudaModelOptions::decode_skip_phases)
       if (!(skip & CudaModelOptions::kSkipQkv)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
-                                                       with_splits(l > 0 ? atomic : gemv, options.decode_splits.qkv),
+                                                       for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
       if (!(skip & CudaModelOptions::kSkipAttention)) {
@@ -391,7 +384,7 @@ struct CudaModel::State {
       add_to_residual.residual = residual;
       if (!(skip & CudaModelOptions::kSkipO)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
-                                               with_splits(atomic, options.decode_splits.o),
+                                               for_phase(atomic, options.decode_splits.o, options.decode_l2_prefetch.o),
                                                clearing(add_to_residual, gate, c.intermediate_size)));
       }
       cuda::GemvFusion post_attention_norm = input_norm;
@@ -400,7 +393,7 @@ struct CudaModel::State {
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       if (!(skip & CudaModelOptions::kSkipGateUp)) {
         PETREL_RETURN_IF_ERROR(
-            cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, gate_up_options(atomic),
+            cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up),
                                     clearing(post_attention_norm, q, c.q_dim())));
       }
       cuda::GemvFusion silu_and_add;
@@ -409,7 +402,10 @@ struct CudaModel::State {
       silu_and_add.residual = residual;
       if (!(skip & CudaModelOptions::kSkipDown)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s,
-                                               with_splits(atomic, options.decode_splits.down),
+                                               for_phase(atomic, options.decode_splits.down,
+                                                         w.down_proj.quantized.view().group_size < c.intermediate_size
+                                                             ? options.decode_l2_prefetch.down_grouped
+                                                             : options.decode_l2_prefetch.down),
                                                clearing(silu_and_add, k, c.kv_dim(), &v, c.kv_dim())));
       }
     }

@@ -80,7 +80,8 @@ struct CudaModelOptions {
   bool resident_tiled_copy = false;
   // With overlap_kernels, steps of weights each GEMV block prefetches into L2 before it waits for the previous
   // kernel (cuda::GemvOptions::l2_prefetch_steps; 0: none). 16: a tie with 0 per channel, +1.4% at group 128;
-  // 64 was 5% slower. Rechecked in session 13's step (H200): 16 beats 0 by 3% and 64 by 5%.
+  // 64 was 5% slower. Rechecked in session 13's step (H200): 16 beats 0 by 3% and 64 by 5%. The fused decode
+  // step's products take decode_l2_prefetch (below) where it is set.
   int gemv_l2_prefetch_steps = 16;
   // The fused step's GEMVs reduce their split-K sums in thread-block clusters (cuda::GemvOptions::cluster_reduce).
   bool gemv_cluster_reduce = false;
@@ -98,14 +99,16 @@ struct CudaModelOptions {
   struct DecodeSplits {
     int qkv = 0, o = 8, gate_up = 0, down = 0;
   } decode_splits;
-  // Experiment (session 28): the fused step's gate/up blocks copy the last N steps of their input slices into
-  // shared memory before their wait (cuda::GemvOptions::smem_tail_steps; 0: none), the first
-  // decode_gate_up_smem_tail_blocks blocks only (0: all); and gate/up's own L2 prefetch steps (-1:
-  // gemv_l2_prefetch_steps). gate/up's early blocks wait ~8 us for o with their memory idle (session 19's
-  // timeline). Bench suffixes -gtN, -gtbN, -pfgN.
-  int decode_gate_up_smem_tail_steps = 0;
-  int decode_gate_up_smem_tail_blocks = 0;
-  int decode_gate_up_l2_prefetch_steps = -1;
+  // The fused step's L2 prefetch steps per product (cuda::GemvOptions::l2_prefetch_steps; -1:
+  // gemv_l2_prefetch_steps); down_grouped is down's where its weights have groups
+  // (group 128). Tuned per product in session 28 (8B on an H100, docs/PERFORMANCE.md; bench suffixes -pfqN,
+  // -pfoN, -pfgN, -pfdN): q/k/v 0 and gate/up 8 instead of 16 gave +1.4% per channel and +1.6% at group 128,
+  // down 0 a further +1.2% at group 128 (and -0.6% per channel); more prefetch lost everywhere (gate/up 64:
+  // -5%), as did gate/up's last steps copied into shared memory before its wait (2-6%, commit 85cb910): bytes
+  // asked for around the waits slow the latency chains the step waits on.
+  struct DecodePrefetch {
+    int qkv = 0, o = -1, gate_up = 8, down = -1, down_grouped = 0;
+  } decode_l2_prefetch;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

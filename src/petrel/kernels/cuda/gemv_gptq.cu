@@ -139,7 +139,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "petrel/kernels/cuda/activation.cuh"
@@ -206,8 +205,6 @@ struct GemvArgs {
   int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
-  int tail_steps;        // GemvOptions::smem_tail_steps (the kBuildSmemTail builds)
-  int tail_blocks;       // GemvOptions::smem_tail_blocks (0: every block)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -545,14 +542,9 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // docs/PERFORMANCE.md): the first register batches after the wait (only L2 prefetch before it) for o, -1.7%
 // tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
 constexpr unsigned kBuildDeep = 1;
-// kBuildSmemTail (GemvOptions::smem_tail_steps): the last a.tail_steps steps of a block's slice are copied into
-// shared memory (cp.async, 16 bytes a thread a step, each thread its own words: no barrier) before the wait and
-// read from there, so that blocks waiting long for the previous kernel have more of their bytes on chip.
-constexpr unsigned kBuildSmemTail = 2;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kDeep = kBuild & kBuildDeep;
-  constexpr bool kTail = kBuild & kBuildSmemTail;
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
@@ -560,7 +552,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
                 "batch kernels: 4-bit weights, plain or SiLU*up input, up to 32 tokens");
   static_assert(!(kBatched && kTimeline), "the timeline instruments the vector kernels");
   static_assert(!kBatched || kBuild == 0, "the kBuild variants are vector kernels");
-  static_assert(!kTail || kInput == GemvInput::kRmsNorm, "the shared-memory tail: RMSNorm products (gemv_gptq.h)");
   uint64_t stamps[kTimelineStamps] = {};
   auto stamp = [&](int i) {
     if constexpr (kTimeline) {
@@ -600,21 +591,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
     cp_async_commit();
   }
-  // kTail: steps tail_first .. slice.steps - 1 come from this thread's words in shared memory (after the
-  // layout's x and norm weights: word (step - tail_first) * kThreads + threadIdx.x), copied before the wait.
-  int tail_first = slice.steps;
-  const uint4* const tail_words = reinterpret_cast<const uint4*>(shared_bytes + layout.total);
   auto load_batch = [&](const TileView& tv, uint4 (&batch)[kBatch], int first) {
-    if constexpr (kTail) {
-      if (first >= tail_first) {  // uniform: tail_first is a multiple of kBatch
-        cp_async_wait<0>();       // this thread's copies (it reads only its own words)
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          batch[u] = first + u < slice.steps ? tail_words[(first + u - tail_first) * kThreads + threadIdx.x] : make_uint4(0, 0, 0, 0);
-        }
-        return;
-      }
-    }
     const int64_t step_stride = kWordsPerStep * tv.m.rows;
     if (tv.row_ok && first + kBatch <= thread_steps) {  // the common case: no per-load predicate
 #pragma unroll
@@ -661,26 +638,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   };
   start_tile_params(v);
 
-  if constexpr (kTail) {
-    // The slice's last a.tail_steps steps (from a multiple of kBatch, past the batches already in registers),
-    // zero-filled where this thread's word does not exist, as load_batch reads them; one group of copies,
-    // committed after the norm weights' (the staging waits for those only).
-    const int64_t linear_block = int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
-    if (a.tail_steps > 0 && (a.tail_blocks == 0 || linear_block < a.tail_blocks)) {
-      const int first = max((slice.steps - a.tail_steps + kBatch - 1) / kBatch * kBatch, kInFlight * kBatch);
-      if (first < slice.steps) {
-        tail_first = first;
-        const int64_t step_stride = kWordsPerStep * v.m.rows;
-        uint4* const to = reinterpret_cast<uint4*>(shared_bytes + layout.total) + threadIdx.x;
-        for (int s = tail_first; s < slice.steps; ++s) {
-          const bool inside = v.row_ok && s < thread_steps;
-          cp_async16_zero_fill(to + (s - tail_first) * kThreads, inside ? v.weights + s * step_stride : v.m.qweight, inside);
-        }
-      }
-    }
-    cp_async_commit();
-  }
-
   // The rest of the block's first l2_prefetch_steps steps into L2: one 128-row line run (512 bytes at 4 bytes
   // a row) per packed word.
   {
@@ -721,7 +678,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     x_cache = norm_cache;
   }
   // This thread's copies of the norm weights done; the block's barrier in input_inv_rms makes all visible.
-  if constexpr (kInput == GemvInput::kRmsNorm) cp_async_wait<kTail ? 1 : 0>();  // not the tail's (later) group
+  if constexpr (kInput == GemvInput::kRmsNorm) cp_async_wait<0>();
   const int64_t slice_begin4 = slice.first_word * (32 / kBits) / 4;
   const float inv_rms = input_inv_rms<kInput>(
       a, x_cache, probe, slice_begin4,
@@ -1079,7 +1036,8 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 }
 
 // Dynamic shared memory up to which no kernel needs the opt-in: 48 KB less the RMSNorm kernels' static 16.5 KB
-// (16,928 bytes: the x cache and the warp sums).
+// (16,928 bytes: the x cache and the warp sums). At 32 KB, a slice of exactly 32 KB of x and norm weights (an
+// 8-bit LM head of 8,192 inputs with bf16 norm weights, one split: a Llama-3.1-70B shape) failed to launch.
 constexpr size_t kSharedWithoutOptIn = 31 * 1024;
 
 template <auto Kernel>
@@ -1115,10 +1073,6 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
-      if (args.tail_steps > 0) {
-        if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep | kBuildSmemTail>(grid, shared, stream, overlap, args);
-        return launch_build<kBits, kInput, 0, kBuildSmemTail>(grid, shared, stream, overlap, args);
-      }
       if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
   }
@@ -1239,23 +1193,13 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;
   }
   if (const TimelineRing* ring = active_timeline(); ring && tokens == 0) args.timeline = *ring;
-  if (options.smem_tail_steps < 0 || options.smem_tail_steps % 4 != 0 || options.smem_tail_blocks < 0) {
-    return invalid_argument(what + ": smem_tail_steps must be a multiple of 4 and >= 0, smem_tail_blocks >= 0");
-  }
-  // The shared-memory tail: 4-bit RMSNorm products of the vector kernel (the token generator's q/k/v, gate/up).
-  const bool tail = options.smem_tail_steps > 0 && tensor_core && tokens == 0 && first.bits == 4 &&
-                    fusion.input == GemvInput::kRmsNorm;
-  args.tail_steps = tail ? static_cast<int>(std::min<int64_t>(options.smem_tail_steps, plan.steps_per_split)) : 0;
-  args.tail_blocks = options.smem_tail_blocks;
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
-  // The vector kernels' shared memory: the staged x, then the RMSNorm weights (gemv_shared_layout), then the
-  // tail's words (16 bytes a thread a step).
+  // The vector kernels' shared memory: the staged x, then the RMSNorm weights (gemv_shared_layout).
   const size_t shared = static_cast<size_t>(
       tokens > 0 || !tensor_core
           ? plan.shared_bytes
           : gemv_shared_layout(first.bits, plan.steps_per_split,
-                               fusion.input == GemvInput::kRmsNorm ? weight_type_bytes(norm_type) : 0).total +
-                int64_t{args.tail_steps} * kThreads * 16);
+                               fusion.input == GemvInput::kRmsNorm ? weight_type_bytes(norm_type) : 0).total);
   if (shared > static_cast<size_t>(GemvPlan::kMaxBatchSharedBytes)) {
     return unsupported(what + ": a slice of " + std::to_string(plan.steps_per_split) + " steps with its RMSNorm weights needs " +
                        std::to_string(shared) + " bytes of shared memory, more than " +

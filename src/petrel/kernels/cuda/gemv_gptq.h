@@ -100,15 +100,6 @@ struct GemvOptions {
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
-  // The last smem_tail_steps steps (a multiple of 4; 0: none) of each block's slice copied into shared memory
-  // (cp.async, 2 KB a step a block) before the wait for the previous kernel and read from there: blocks that
-  // wait long get more of their bytes on chip than their registers hold. 4-bit vector kernels with an RMSNorm
-  // input (the token generator's q/k/v and gate/up); ignored elsewhere. The same bits as without.
-  int smem_tail_steps = 0;
-  // Only the blocks with linear index (blockIdx.y * gridDim.x + blockIdx.x) below this copy a tail (0: all):
-  // the first blocks of a grid start early, beside the previous kernel; the last start when it ends, where their
-  // copies would sit ahead of their input's loads. Every block reserves the shared memory.
-  int smem_tail_blocks = 0;
 };
 
 // What a GEMV does to its input as it stages it and to its output as it writes it: the token generator's
