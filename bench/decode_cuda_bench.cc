@@ -273,11 +273,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   take_number_suffix(base, "-pfg", 3, &prefetch_gate_up);
   take_number_suffix(base, "-pfo", 3, &prefetch_o);
   take_number_suffix(base, "-pfq", 3, &prefetch_qkv);
-  // "-bqN", "-bgN" (in this order, before "-pfqN"): N (2 or 3) batches of weight loads in flight for q/k/v or
-  // gate/up (CudaModelOptions::decode_batches; session 28's experiment).
-  int64_t batches = 0;
-  if (take_number_suffix(base, "-bg", 1, &batches)) o.decode_batches.gate_up = static_cast<int>(batches);
-  if (take_number_suffix(base, "-bq", 1, &batches)) o.decode_batches.qkv = static_cast<int>(batches);
   const auto per_product_prefetch = [&] {
     CudaModelOptions::DecodePrefetch& p = o.decode_l2_prefetch;
     if (prefetch_down >= 0) p.down = p.down_grouped = static_cast<int>(prefetch_down);

@@ -323,10 +323,9 @@ struct CudaModel::State {
   // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
   // A product's options in the fused step: its input splits and, where set, its own L2 prefetch steps
   // (CudaModelOptions::decode_splits, decode_l2_prefetch).
-  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, int batches = 0) {
+  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps) {
     o.k_splits = k_splits;
     if (l2_prefetch_steps >= 0) o.l2_prefetch_steps = l2_prefetch_steps;
-    o.batches_in_flight = batches;
     return o;
   }
 
@@ -372,8 +371,7 @@ struct CudaModel::State {
       const uint32_t skip = options.decode_skip_phases;  // diagnostic (CudaModelOptions::decode_skip_phases)
       if (!(skip & CudaModelOptions::kSkipQkv)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
-                                                       for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv,
-                                                                 options.decode_batches.qkv),
+                                                       for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
       if (!(skip & CudaModelOptions::kSkipAttention)) {
@@ -395,8 +393,7 @@ struct CudaModel::State {
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       if (!(skip & CudaModelOptions::kSkipGateUp)) {
         PETREL_RETURN_IF_ERROR(
-            cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up,
-                                                      options.decode_batches.gate_up),
+            cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up),
                                     clearing(post_attention_norm, q, c.q_dim())));
       }
       cuda::GemvFusion silu_and_add;

@@ -109,11 +109,6 @@ struct CudaModelOptions {
   struct DecodePrefetch {
     int qkv = 0, o = -1, gate_up = 8, down = -1, down_grouped = 0;
   } decode_l2_prefetch;
-  // Experiment (session 28): batches of weight loads in flight for q/k/v and gate/up
-  // (cuda::GemvOptions::batches_in_flight; 0: the kernel's choice). Bench suffixes -bqN, -bgN.
-  struct DecodeBatches {
-    int qkv = 0, gate_up = 0;
-  } decode_batches;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

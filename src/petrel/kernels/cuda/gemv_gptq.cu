@@ -205,7 +205,6 @@ struct GemvArgs {
   int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
-  int batches_in_flight;  // GemvOptions::batches_in_flight (read by launch_one)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -1073,9 +1072,8 @@ template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
-    const bool deep = args.batches_in_flight == 0 ? one_group : args.batches_in_flight == 3;
     if constexpr (kInput == GemvInput::kRmsNorm) {
-      if (deep) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
+      if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
@@ -1190,10 +1188,6 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.x_stride_bytes = static_cast<int>(plan.x_stride_bytes);
   if (tokens > 0) args.cluster_reduce = 0;
   args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
-  if (options.batches_in_flight != 0 && options.batches_in_flight != 2 && options.batches_in_flight != 3) {
-    return invalid_argument(what + ": batches_in_flight must be 0 (the build's choice), 2 or 3");
-  }
-  args.batches_in_flight = options.batches_in_flight;
   for (int c = 0; c < 2; ++c) {
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;

@@ -100,10 +100,6 @@ struct GemvOptions {
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
-  // Batches of 4 steps of weight loads each thread keeps in flight in the 4-bit vector kernel with an RMSNorm
-  // input (the token generator's q/k/v and gate/up): 2 or 3 (three before the wait too); 0: the build's choice,
-  // three per channel and two with groups (gemv_gptq.cu's launch_one says why). Other kernels ignore it. The same bits.
-  int batches_in_flight = 0;
 };
 
 // What a GEMV does to its input as it stages it and to its output as it writes it: the token generator's
