@@ -449,6 +449,30 @@ bool number_allowed(const std::string& s, const NumberSpec& spec) {
   return d * num_scale % den == 0;
 }
 
+// Every prefix of every text `spec` allows with at most 4 fraction digits and a value within 1 of its bounds: a
+// witness for every live prefix of up to 5 characters (the bounds finite).
+void add_allowed_prefixes(const NumberSpec& spec, std::set<std::string>& prefixes) {
+  const int gen_scale = std::min(spec.scale, 4);
+  double p = 1;
+  for (int k = 0; k < gen_scale; ++k) p *= 10;
+  const auto add = [&](const std::string& text) {
+    if (!number_allowed(text, spec)) return;
+    for (size_t n = 1; n <= text.size(); ++n) prefixes.insert(text.substr(0, n));
+  };
+  for (int64_t n = static_cast<int64_t>(std::floor(spec.lo - 1) * p); n <= static_cast<int64_t>(std::ceil(spec.hi + 1) * p); ++n) {
+    const int64_t magnitude = n < 0 ? -n : n;
+    const std::string int_part = std::to_string(magnitude / static_cast<int64_t>(p));
+    std::string frac = gen_scale == 0 ? "" : std::to_string(magnitude % static_cast<int64_t>(p));
+    frac = std::string(static_cast<size_t>(gen_scale) - frac.size(), '0') + frac;
+    for (int f = 0; f <= gen_scale; ++f) {
+      const std::string body = f == 0 ? int_part : int_part + "." + frac.substr(0, static_cast<size_t>(f));
+      if (f < gen_scale && frac.substr(static_cast<size_t>(f)).find_first_not_of('0') != std::string::npos) continue;
+      add(body);
+      add("-" + body);  // -0 forms too
+    }
+  }
+}
+
 // minimum / maximum / exclusive bounds and multipleOf on integers and numbers: every text of up to 5 characters
 // over "-0123456789." accepted as a value exactly when a validator allows it, and as a prefix exactly when some
 // allowed text begins with it (the allowed texts enumerated from the bounds); the bounds compared as doubles
@@ -472,27 +496,8 @@ TEST(JsonSchema, NumbersKeepToBoundsAndMultiples) {
   for (const Case& c : cases) {
     auto schema = JsonSchema::compile(njson::parse(std::string(R"({"type": "object", "properties": {"v": )") + c.schema + "}}"));
     ASSERT_TRUE(schema.ok()) << c.schema << ": " << schema.status().to_string();
-    // The allowed texts with at most 4 fraction digits (a witness for every live prefix of up to 5 characters).
-    const int gen_scale = std::min(c.spec.scale, 4);
-    double p = 1;
-    for (int k = 0; k < gen_scale; ++k) p *= 10;
     std::set<std::string> prefixes;
-    const auto add = [&](const std::string& text) {
-      if (!number_allowed(text, c.spec)) return;
-      for (size_t n = 1; n <= text.size(); ++n) prefixes.insert(text.substr(0, n));
-    };
-    for (int64_t n = static_cast<int64_t>(std::floor(c.spec.lo - 1) * p); n <= static_cast<int64_t>(std::ceil(c.spec.hi + 1) * p); ++n) {
-      const int64_t magnitude = n < 0 ? -n : n;
-      const std::string int_part = std::to_string(magnitude / static_cast<int64_t>(p));
-      std::string frac = gen_scale == 0 ? "" : std::to_string(magnitude % static_cast<int64_t>(p));
-      frac = std::string(static_cast<size_t>(gen_scale) - frac.size(), '0') + frac;
-      for (int f = 0; f <= gen_scale; ++f) {
-        const std::string body = f == 0 ? int_part : int_part + "." + frac.substr(0, static_cast<size_t>(f));
-        if (f < gen_scale && frac.substr(static_cast<size_t>(f)).find_first_not_of('0') != std::string::npos) continue;
-        add(body);
-        add("-" + body);  // -0 forms too
-      }
-    }
+    add_allowed_prefixes(c.spec, prefixes);
     SchemaPrefix start(schema->get());
     ASSERT_TRUE(start.feed(std::string_view(R"({"v":)")));
     std::string s;
@@ -512,6 +517,79 @@ TEST(JsonSchema, NumbersKeepToBoundsAndMultiples) {
     };
     walk(start);
   }
+}
+
+// anyOf of integer and number branches: a value is allowed when one branch allows it, and a prefix is live when some
+// branch's value begins with it. Every text of up to 5 characters, as above; a branch's texts are those it allows
+// (an unbounded integer branch: every integer text). An unbounded number branch allows every number (nothing to
+// enforce); more than JsonSchema::kMaxNumericRanges bounded branches leave the bounds free.
+TEST(JsonSchema, NumericBranchesOfAnAnyOfKeepToTheirUnion) {
+  struct Case {
+    const char* schema;
+    std::vector<NumberSpec> branches;
+    bool any_integer = false;  // a branch of all integers too
+  };
+  const Case cases[] = {
+      {R"({"anyOf": [{"type": "integer", "minimum": -5, "maximum": 5}, {"type": "integer", "minimum": 40, "maximum": 60, "multipleOf": 10}]})",
+       {{true, 0, 0, 0, -5, 5}, {true, 0, 10, 0, 40, 60}}},
+      {R"({"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"type": "number", "minimum": -1.5, "maximum": -0.5, "multipleOf": 0.25}, {"type": "null"}]})",
+       {{true, 0, 0, 0, 0, 20}, {false, 2, 25, 2, -1.5, -0.5}}},
+      {R"({"oneOf": [{"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.9, "multipleOf": 0.1}, {"type": "integer", "minimum": 7, "exclusiveMaximum": 9}, {"type": "number", "minimum": 300, "maximum": 302}]})",
+       {{false, 1, 1, 1, 0.5, 0.9, true, false}, {true, 0, 0, 0, 7, 9, false, true}, {false, JsonSchema::kMaxScale, 0, 0, 300, 302}}},
+      {R"({"anyOf": [{"type": "integer"}, {"type": "number", "minimum": 0.1, "maximum": 0.3, "multipleOf": 0.1}]})",
+       {{false, 1, 1, 1, 0.1, 0.3}}, true},
+  };
+  const std::string alphabet = "-0123456789.";
+  const auto integer_prefix = [](const std::string& s) {  // -?(0|[1-9][0-9]*), or its beginning
+    const size_t i = s[0] == '-' ? 1 : 0;
+    if (i == s.size()) return true;
+    if (s.find_first_not_of("0123456789", i) != std::string::npos) return false;
+    return s[i] != '0' || s.size() == i + 1;
+  };
+  for (const Case& c : cases) {
+    auto schema = JsonSchema::compile(njson::parse(std::string(R"({"type": "object", "properties": {"v": )") + c.schema + "}}"));
+    ASSERT_TRUE(schema.ok()) << c.schema << ": " << schema.status().to_string();
+    std::set<std::string> prefixes;
+    for (const NumberSpec& spec : c.branches) add_allowed_prefixes(spec, prefixes);
+    const auto allowed = [&](const std::string& text) {
+      if (c.any_integer && integer_prefix(text) && text != "-") return true;
+      for (const NumberSpec& spec : c.branches) {
+        if (number_allowed(text, spec)) return true;
+      }
+      return false;
+    };
+    SchemaPrefix start(schema->get());
+    ASSERT_TRUE(start.feed(std::string_view(R"({"v":)")));
+    std::string s;
+    std::function<void(SchemaPrefix)> walk = [&](SchemaPrefix state) {
+      for (char ch : alphabet) {
+        s.push_back(ch);
+        SchemaPrefix next = state;
+        const bool live = next.feed(static_cast<unsigned char>(ch));
+        ASSERT_EQ(live, prefixes.count(s) > 0 || (c.any_integer && integer_prefix(s))) << c.schema << ": prefix " << s;
+        if (live) {
+          SchemaPrefix closed = next;
+          EXPECT_EQ(closed.feed('}') && closed.complete(), allowed(s)) << c.schema << ": value " << s;
+          if (s.size() < 5) walk(next);
+        }
+        s.pop_back();
+      }
+    };
+    walk(start);
+  }
+  // Nothing to enforce: an unbounded number branch, or more bounded branches than are tracked.
+  for (const char* loose : {R"({"anyOf": [{"type": "number"}, {"type": "integer", "minimum": 5, "maximum": 6}]})",
+                            R"({"anyOf": [{"type": "integer", "maximum": 1}, {"type": "integer", "minimum": 3, "maximum": 3},
+                                          {"type": "integer", "minimum": 5, "maximum": 5}, {"type": "integer", "minimum": 7, "maximum": 7},
+                                          {"type": "integer", "minimum": 9}]})"}) {
+    auto schema = JsonSchema::compile(njson::parse(std::string(R"({"type": "object", "properties": {"v": )") + loose + "}}"));
+    ASSERT_TRUE(schema.ok()) << loose << ": " << schema.status().to_string();
+    EXPECT_TRUE(accepts(**schema, R"({"v": 4})")) << loose;
+  }
+  // A branch no value meets is named, as for one schema.
+  auto empty = JsonSchema::compile(njson::parse(
+      R"({"type": "object", "properties": {"v": {"anyOf": [{"type": "integer", "minimum": 3, "maximum": 2}, {"type": "integer"}]}}})"));
+  EXPECT_FALSE(empty.ok());
 }
 
 // One-sided bounds and values past every bound: random integers judged as a validator does, and every prefix of

@@ -1,5 +1,5 @@
-// Random JSON Schemas (numeric bounds and multipleOf, patterns, enums, object unions, allOf of objects and of
-// patterns, nesting) through
+// Random JSON Schemas (numeric bounds and multipleOf, unions of numeric ranges, patterns, enums, object unions, allOf
+// of objects and of patterns, nesting) through
 // JsonSchema::compile, random bytes through the automaton of each that compiles, and from wherever the bytes stopped a
 // bounded search for a completion: an automaton that took a prefix must never leave the model without a way to
 // finish. Built with AddressSanitizer and UndefinedBehaviorSanitizer (tests/CMakeLists.txt, scripts/schema_fuzz.sh).
@@ -37,30 +37,39 @@ njson random_object(int depth, int max_properties, char first) {
   return o;
 }
 
+njson random_integer() {
+  njson s = {{"type", "integer"}};
+  if (coin()) s["minimum"] = static_cast<double>(static_cast<int64_t>(rng() % 2000) - 1000) + (coin() ? 0.0 : 0.5);
+  if (coin()) s["maximum"] = static_cast<double>(static_cast<int64_t>(rng() % 2000) - 500);
+  if (coin()) s["multipleOf"] = pick<double>({0.5, 3, 7, 1e-3, 1e20, 0.1});
+  return s;
+}
+
+njson random_number() {
+  njson s = {{"type", "number"}};
+  if (coin()) s["exclusiveMinimum"] = std::ldexp(static_cast<double>(rng() % 1000) - 500, static_cast<int>(rng() % 80) - 40);
+  if (coin()) s["maximum"] = std::ldexp(static_cast<double>(rng() % 1000), static_cast<int>(rng() % 80) - 40);
+  if (rng() % 3 == 0) s["multipleOf"] = pick<double>({0.25, 0.01, 5, 1e-9, 1e-12, 2.5e-3});
+  return s;
+}
+
 njson random_schema(int depth) {
   switch (rng() % (depth > 3 ? 6 : 10)) {
-    case 0: {
-      njson s = {{"type", "integer"}};
-      if (coin()) s["minimum"] = static_cast<double>(static_cast<int64_t>(rng() % 2000) - 1000) + (coin() ? 0.0 : 0.5);
-      if (coin()) s["maximum"] = static_cast<double>(static_cast<int64_t>(rng() % 2000) - 500);
-      if (coin()) s["multipleOf"] = pick<double>({0.5, 3, 7, 1e-3, 1e20, 0.1});
-      return s;
-    }
-    case 1: {
-      njson s = {{"type", "number"}};
-      if (coin()) s["exclusiveMinimum"] = std::ldexp(static_cast<double>(rng() % 1000) - 500, static_cast<int>(rng() % 80) - 40);
-      if (coin()) s["maximum"] = std::ldexp(static_cast<double>(rng() % 1000), static_cast<int>(rng() % 80) - 40);
-      if (rng() % 3 == 0) s["multipleOf"] = pick<double>({0.25, 0.01, 5, 1e-9, 1e-12, 2.5e-3});
-      return s;
-    }
+    case 0: return random_integer();
+    case 1: return random_number();
     case 2: return {{"type", "string"}, {"pattern", pick<std::string>({"^a+$", "[0-9]{2}", "^(x|yz)*$", "b"})}};
     case 3: return {{"enum", {"a", "b", 1, nullptr}}};
     case 4: return {{"type", "boolean"}};
     case 5: return {{"const", std::string(1, static_cast<char>('a' + rng() % 3))}};
     case 6:
     case 7: return random_object(depth, 4, 'p');
-    case 8: {  // a union of objects (pydantic's Union of models), sometimes with null
+    case 8: {  // a union of objects (pydantic's Union of models), sometimes with null; or of integers and numbers
       njson branches = njson::array();
+      if (rng() % 3 == 0) {  // their ranges enforced together (up to JsonSchema::kMaxNumericRanges)
+        for (int i = static_cast<int>(rng() % 4) + 1; i >= 0; --i) branches.push_back(coin() ? random_integer() : random_number());
+        if (coin()) branches.push_back({{"type", "string"}});
+        return {{"anyOf", branches}};
+      }
       for (int i = static_cast<int>(rng() % 3) + 1; i >= 0; --i) branches.push_back(random_object(depth + 1, 3, 'p'));
       if (rng() % 3 == 0) branches.push_back({{"type", "null"}});
       return {{"anyOf", branches}};

@@ -127,8 +127,11 @@ std::optional<std::pair<int64_t, int>> decimal_of(const njson& number) {
 }
 
 // A number or integer schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; draft 4's boolean
-// exclusiveMinimum/Maximum too) and multipleOf, as JsonSchema::Node's scaled-integer constraint.
-Status numeric_constraint(const njson& part, bool integer_only, const std::string& where, JsonSchema::Node& node) {
+// exclusiveMinimum/Maximum too) and multipleOf, as a scaled-integer range (JsonSchema::NumericRange) in *range;
+// nullopt where it constrains nothing.
+Status numeric_constraint(const njson& part, bool integer_only, const std::string& where,
+                          std::optional<JsonSchema::NumericRange>* range) {
+  *range = std::nullopt;
   const auto number = [&](const char* key, double& v) -> Result<bool> {
     if (!part.contains(key) || part[key].is_boolean()) return false;
     if (!part[key].is_number()) return invalid_argument(where + key + ": expected a number");
@@ -176,11 +179,7 @@ Status numeric_constraint(const njson& part, bool integer_only, const std::strin
   if (multiple_enforced && min_n > -kNoBound && max_n < kNoBound && !has_multiple(min_n, max_n, multiple)) {
     return invalid_argument(where + "multipleOf: no multiple of " + part["multipleOf"].dump() + " lies between the bounds");
   }
-  node.numeric = true;
-  node.scale = static_cast<uint8_t>(scale);
-  node.multiple = multiple;
-  node.min_scaled = min_n;
-  node.max_scaled = max_n;
+  *range = JsonSchema::NumericRange{static_cast<uint8_t>(scale), multiple, min_n, max_n};
   return ok_status();
 }
 
@@ -740,8 +739,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   const njson* object_part = nullptr;
   const njson* array_part = nullptr;
   const njson* string_part = nullptr;
-  const njson* integer_part = nullptr;
-  int numeric_parts = 0;
+  std::vector<std::pair<const njson*, uint8_t>> numeric_parts;  // integer and number branches, with their types
   std::vector<const njson*> object_parts;  // object schemas with properties; several: a union (add_object_union)
   bool loose_object = false;
   for (const njson* part : parts) {
@@ -760,10 +758,7 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
     }
     if (types & kArray) array_part = part;
     if (types & kString) string_part = part;
-    if (types & kInteger) {
-      integer_part = part;
-      ++numeric_parts;  // several numeric branches: their bounds are not enforced (one automaton state)
-    }
+    if (types & kInteger) numeric_parts.emplace_back(part, types);
   }
   // minItems/maxItems, minLength/maxLength: non-negative integer bounds, the lower at most the upper.
   const auto bounds = [&](const njson* part, const char* low, const char* high, uint32_t& lo, uint32_t& hi) -> Status {
@@ -781,9 +776,20 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   };
   if (node.types & kString) PETREL_RETURN_IF_ERROR(bounds(string_part, "minLength", "maxLength", node.min_length, node.max_length));
   if ((node.types & kString) && string_part && string_part->is_object()) PETREL_RETURN_IF_ERROR(string_automata(*string_part, where, node));
-  if (integer_part && numeric_parts == 1 && integer_part->is_object()) {
-    PETREL_RETURN_IF_ERROR(numeric_constraint(*integer_part, (node.types & kNumber) == 0, where, node));
+  // Integers and numbers: each branch's range; a value must fall in one. A branch that constrains nothing allows any
+  // number of its type: for a number branch, no range is needed at all; an integer branch beside others is the
+  // range of all integers. More than kMaxNumericRanges ranges: none enforced (the header says so).
+  std::vector<NumericRange> ranges;
+  bool any_number = false;
+  for (const auto& [part, types] : numeric_parts) {
+    const bool integer_only = (types & kNumber) == 0;
+    std::optional<NumericRange> range;
+    if (part->is_object()) PETREL_RETURN_IF_ERROR(numeric_constraint(*part, integer_only, where, &range));
+    if (!range && !integer_only) any_number = true;
+    if (!range && integer_only && numeric_parts.size() > 1) range = NumericRange{};
+    if (range) ranges.push_back(*range);
   }
+  if (!any_number && ranges.size() <= kMaxNumericRanges) node.numeric = std::move(ranges);
   if ((node.types & kObject) && loose_object && !object_parts.empty()) {
     node.any_object = true;  // a branch that allows any object allows the others' too
   } else if ((node.types & kObject) && object_parts.size() > 1) {
@@ -917,13 +923,14 @@ bool SchemaPrefix::start_value(unsigned char c) {
   if (!(node.types & need)) return false;
   if (depth_ > 0 && !narrow(stack_[depth_ - 1], need)) return false;
   integer_only_ = (node.types & (JsonSchema::kNumber | JsonSchema::kInteger)) == JsonSchema::kInteger;
-  numeric_ = need == JsonSchema::kInteger && node.numeric ? &node : nullptr;
+  numeric_ = need == JsonSchema::kInteger && !node.numeric.empty() ? &node : nullptr;
   if (numeric_) {
     negative_ = c == '-';
     fraction_ = false;
+    live_ranges_ = static_cast<uint8_t>((1u << node.numeric.size()) - 1);
     digits_ = fraction_digits_ = 0;
     magnitude_ = 0;
-    remainder_ = 0;
+    remainders_ = {};
     if (negative_ ? !number_reachable() : !number_byte(c)) return false;
   }
   length_ = 0;
@@ -1136,44 +1143,66 @@ bool SchemaPrefix::narrow(Frame& f, uint8_t type) {
 }
 
 bool SchemaPrefix::number_byte(unsigned char c) {
-  const JsonSchema::Node& n = *numeric_;
+  const std::vector<JsonSchema::NumericRange>& ranges = numeric_->numeric;
   if (c == '.') {
-    if (fraction_ || n.scale == 0) return false;
+    if (fraction_) return false;
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      if (ranges[r].scale == 0) live_ranges_ &= static_cast<uint8_t>(~(1u << r));  // no fraction digits there
+    }
     fraction_ = true;
     return number_reachable();
   }
-  if (fraction_ && fraction_digits_ >= n.scale) return false;
   const int d = c - '0';
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (!(live_ranges_ >> r & 1)) continue;
+    if (fraction_ && fraction_digits_ >= ranges[r].scale) {  // a fraction digit past the range's places
+      live_ranges_ &= static_cast<uint8_t>(~(1u << r));
+      continue;
+    }
+    remainders_[r] = static_cast<int64_t>((static_cast<i128>(remainders_[r]) * 10 + d) % ranges[r].multiple);
+  }
   magnitude_ = std::min(kNoBound, magnitude_ * 10 + d);
-  remainder_ = static_cast<int64_t>((static_cast<i128>(remainder_) * 10 + d) % n.multiple);
   if (fraction_) ++fraction_digits_;
   else if (digits_ < UINT32_MAX) ++digits_;
   return number_reachable();
 }
 
-bool SchemaPrefix::number_complete() const {
-  if (digits_ == 0 || (fraction_ && fraction_digits_ == 0)) return false;
-  return number_reaches(numeric_->scale - static_cast<int>(fraction_digits_), false);
+bool SchemaPrefix::number_reachable() {
+  for (size_t r = 0; r < numeric_->numeric.size(); ++r) {
+    if ((live_ranges_ >> r & 1) && !range_reachable(r)) live_ranges_ &= static_cast<uint8_t>(~(1u << r));
+  }
+  return live_ranges_ != 0;
 }
 
-bool SchemaPrefix::number_reachable() const {
-  const int scale = numeric_->scale;
+bool SchemaPrefix::number_complete() const {
+  if (digits_ == 0 || (fraction_ && fraction_digits_ == 0)) return false;
+  for (size_t r = 0; r < numeric_->numeric.size(); ++r) {
+    if ((live_ranges_ >> r & 1) && number_reaches(r, numeric_->numeric[r].scale - static_cast<int>(fraction_digits_), false)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool SchemaPrefix::range_reachable(size_t r) const {
+  const JsonSchema::NumericRange& n = numeric_->numeric[r];
+  const int scale = n.scale;
   // In the fraction: the digits still to come fill the last scale - f places of N.
-  if (fraction_) return number_reaches(scale - static_cast<int>(fraction_digits_), true);
+  if (fraction_) return number_reaches(r, scale - static_cast<int>(fraction_digits_), true);
   // In the integer part: e more integer digits (then any fraction) put N in [M * 10^(e+scale), (M+1) * 10^(e+scale));
   // a leading 0 takes no more digits, a lone '-' at least one.
   const bool grows = !(digits_ == 1 && magnitude_ == 0);
-  const i128 hi_m = negative_ ? -numeric_->min_scaled : numeric_->max_scaled;  // the magnitude's bound
+  const i128 hi_m = negative_ ? -n.min_scaled : n.max_scaled;  // the magnitude's bound
   for (int e = digits_ > 0 ? 0 : 1; e <= 40; ++e) {
     if (e > 0 && !grows) break;
-    if (number_reaches(scale + e, true)) return true;
+    if (number_reaches(r, scale + e, true)) return true;
     if (magnitude_ > 0 && hi_m < kNoBound && magnitude_ * pow10_saturating(scale + e) > hi_m) break;  // only larger
   }
   return false;
 }
 
-bool SchemaPrefix::number_reaches(int j, bool range) const {
-  const JsonSchema::Node& n = *numeric_;
+bool SchemaPrefix::number_reaches(size_t r, int j, bool range) const {
+  const JsonSchema::NumericRange& n = numeric_->numeric[r];
   const i128 m = n.multiple;
   const i128 width = range ? pow10_saturating(j) : 1;  // kNoBound: wider than every bound
   const i128 p = pow10_saturating(j);
@@ -1191,9 +1220,9 @@ bool SchemaPrefix::number_reaches(int j, bool range) const {
   // Past every bound, only the remainder tells: the magnitudes begin at digits * 10^j, whose remainder is known.
   if (!beyond) return false;
   if (width >= m) return true;
-  i128 r = remainder_;
-  for (int i = 0; i < j; ++i) r = r * 10 % m;
-  return (m - r) % m < width;
+  i128 rem = remainders_[r];
+  for (int i = 0; i < j; ++i) rem = rem * 10 % m;
+  return (m - rem) % m < width;
 }
 
 bool SchemaPrefix::feed(unsigned char c) { return feed_byte_restoring(*this, c); }

@@ -26,7 +26,8 @@
 //    of 0.1): a digit that no allowed value can begin with is refused where it comes. Such a number is written
 //    without an exponent, with at most as many fraction digits as multipleOf has (9 without a multipleOf); a
 //    bound is compared as validators do (the value read as a double) and is enforced up to 10^27 for integers
-//    and values of integral multipleOf, 10^27 / 10^scale otherwise (beyond, that bound is left free);
+//    and values of integral multipleOf, 10^27 / 10^scale otherwise (beyond, that bound is left free); an anyOf
+//    of several integer and number branches (up to 4 with bounds or multipleOf) allows what any of them allows;
 //  - "enum" and "const" of strings, numbers, booleans and null (the values' exact JSON texts);
 //  - "anyOf"/"oneOf" whose branches differ in type (at most one array branch), as a union; several object branches
 //    with "properties" (pydantic's Union of models, at most 16) are one object whose keys are all of theirs: each
@@ -72,6 +73,16 @@ class JsonSchema {
     return p;
   }();
   static constexpr int kMaxScale = 9;  // a number's fraction digits when it has bounds but no multipleOf
+  // An integer or number's bounds and multipleOf: the value is N / 10^scale for an integer N (written with at
+  // most `scale` fraction digits, none at 0, and no exponent) with min_scaled <= N <= max_scaled (kNoBound: none)
+  // and N a multiple of `multiple`.
+  struct NumericRange {
+    uint8_t scale = 0;
+    int64_t multiple = 1;
+    __int128 min_scaled = -kNoBound, max_scaled = kNoBound;
+  };
+  // Numeric branches of an anyOf whose bounds are enforced together (more: none is).
+  static constexpr size_t kMaxNumericRanges = 4;
   struct Node {
     uint8_t types = kAnyType;
     bool any_object = false;                // an object with no properties: any keys and values
@@ -81,13 +92,9 @@ class JsonSchema {
     int32_t items = -1;                     // array: the items' schema, -1 any
     uint32_t min_items = 0, max_items = UINT32_MAX;  // array: minItems, maxItems
     uint32_t min_length = 0, max_length = UINT32_MAX;  // string: minLength, maxLength
-    // integer, number: when `numeric`, the value is N / 10^scale for an integer N (written with at most `scale`
-    // fraction digits, none at 0, and no exponent) with min_scaled <= N <= max_scaled (kNoBound: none) and N a
-    // multiple of `multiple`.
-    bool numeric = false;
-    uint8_t scale = 0;
-    int64_t multiple = 1;
-    __int128 min_scaled = -kNoBound, max_scaled = kNoBound;
+    // integer, number: the ranges a value must fall in one of (one per numeric branch of an anyOf, at most
+    // kMaxNumericRanges); empty: any number of the node's types.
+    std::vector<NumericRange> numeric;
     int32_t pattern = -1;                   // string: its "pattern" (JsonSchema::pattern), -1 none
     const RegexDfa* format = nullptr;       // string: its "format" as an automaton (json_schema.cc), null none
     std::vector<std::string> literals;      // enum/const: the allowed values' JSON texts, sorted; else empty
@@ -200,17 +207,20 @@ class SchemaPrefix {
   std::array<const RegexDfa*, 2> dfas_{};
   std::array<int32_t, 2> dfa_states_{};
   // A checked number (JsonSchema::Node::numeric; null: none): its sign, integer and fraction digits so far, all its
-  // digits as one integer (saturating at JsonSchema::kNoBound) and that integer modulo the node's multiple.
+  // digits as one integer (saturating at JsonSchema::kNoBound), the node's ranges it may still fall in (bit r) and
+  // that integer modulo each range's multiple.
   const JsonSchema::Node* numeric_ = nullptr;
   bool negative_ = false, fraction_ = false;
+  uint8_t live_ranges_ = 0;
   uint32_t digits_ = 0, fraction_digits_ = 0;
   __int128 magnitude_ = 0;
-  int64_t remainder_ = 0;
+  std::array<int64_t, JsonSchema::kMaxNumericRanges> remainders_{};
   bool number_byte(unsigned char c);  // a digit or '.': false when no allowed value begins this way
-  bool number_reachable() const;      // some allowed value begins with what is written (or is it)
+  bool number_reachable();            // some allowed value begins with what is written (or is it); drops the ranges none of whose values does
   bool number_complete() const;       // what is written is an allowed value
-  // Some magnitude in [digits * 10^j, digits * 10^j + (range ? 10^j - 1 : 0)] is allowed (digits: magnitude_).
-  bool number_reaches(int j, bool range) const;
+  bool range_reachable(size_t r) const;  // some value of range r begins with what is written
+  // Some magnitude in [digits * 10^j, digits * 10^j + (range ? 10^j - 1 : 0)] is allowed by range r (digits: magnitude_).
+  bool number_reaches(size_t r, int j, bool range) const;
 };
 
 extern template class AutomatonConstraint<SchemaPrefix>;  // json_schema.cc
