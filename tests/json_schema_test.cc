@@ -473,6 +473,31 @@ void add_allowed_prefixes(const NumberSpec& spec, std::set<std::string>& prefixe
   }
 }
 
+// Every text of up to 5 characters over "-0123456789." as the value of "v" in `schema`: the automaton takes it as a
+// prefix exactly when live(text), and as a whole value exactly when allowed(text).
+void check_number_texts(const JsonSchema& schema, const std::string& what, const std::function<bool(const std::string&)>& live,
+                        const std::function<bool(const std::string&)>& allowed) {
+  const std::string alphabet = "-0123456789.";
+  SchemaPrefix start(&schema);
+  ASSERT_TRUE(start.feed(std::string_view(R"({"v":)")));
+  std::string s;
+  std::function<void(SchemaPrefix)> walk = [&](SchemaPrefix state) {
+    for (char ch : alphabet) {
+      s.push_back(ch);
+      SchemaPrefix next = state;
+      const bool taken = next.feed(static_cast<unsigned char>(ch));
+      ASSERT_EQ(taken, live(s)) << what << ": prefix " << s;
+      if (taken) {
+        SchemaPrefix closed = next;
+        EXPECT_EQ(closed.feed('}') && closed.complete(), allowed(s)) << what << ": value " << s;
+        if (s.size() < 5) walk(next);
+      }
+      s.pop_back();
+    }
+  };
+  walk(start);
+}
+
 // minimum / maximum / exclusive bounds and multipleOf on integers and numbers: every text of up to 5 characters
 // over "-0123456789." accepted as a value exactly when a validator allows it, and as a prefix exactly when some
 // allowed text begins with it (the allowed texts enumerated from the bounds); the bounds compared as doubles
@@ -492,30 +517,14 @@ TEST(JsonSchema, NumbersKeepToBoundsAndMultiples) {
       {R"({"type": ["number", "null"], "minimum": -0.5, "exclusiveMaximum": 0.75})", {false, JsonSchema::kMaxScale, 0, 0, -0.5, 0.75, false, true}},
       {R"({"type": "number", "exclusiveMinimum": 0, "maximum": 3, "multipleOf": 1.5e-1})", {false, 2, 15, 2, 0, 3, true, false}},
   };
-  const std::string alphabet = "-0123456789.";
   for (const Case& c : cases) {
     auto schema = JsonSchema::compile(njson::parse(std::string(R"({"type": "object", "properties": {"v": )") + c.schema + "}}"));
     ASSERT_TRUE(schema.ok()) << c.schema << ": " << schema.status().to_string();
     std::set<std::string> prefixes;
     add_allowed_prefixes(c.spec, prefixes);
-    SchemaPrefix start(schema->get());
-    ASSERT_TRUE(start.feed(std::string_view(R"({"v":)")));
-    std::string s;
-    std::function<void(SchemaPrefix)> walk = [&](SchemaPrefix state) {
-      for (char ch : alphabet) {
-        s.push_back(ch);
-        SchemaPrefix next = state;
-        const bool live = next.feed(static_cast<unsigned char>(ch));
-        ASSERT_EQ(live, prefixes.count(s) > 0) << c.schema << ": prefix " << s;
-        if (live) {
-          SchemaPrefix closed = next;
-          EXPECT_EQ(closed.feed('}') && closed.complete(), number_allowed(s, c.spec)) << c.schema << ": value " << s;
-          if (s.size() < 5) walk(next);
-        }
-        s.pop_back();
-      }
-    };
-    walk(start);
+    check_number_texts(
+        **schema, c.schema, [&](const std::string& text) { return prefixes.count(text) > 0; },
+        [&](const std::string& text) { return number_allowed(text, c.spec); });
   }
 }
 
@@ -539,7 +548,6 @@ TEST(JsonSchema, NumericBranchesOfAnAnyOfKeepToTheirUnion) {
       {R"({"anyOf": [{"type": "integer"}, {"type": "number", "minimum": 0.1, "maximum": 0.3, "multipleOf": 0.1}]})",
        {{false, 1, 1, 1, 0.1, 0.3}}, true},
   };
-  const std::string alphabet = "-0123456789.";
   const auto integer_prefix = [](const std::string& s) {  // -?(0|[1-9][0-9]*), or its beginning
     const size_t i = s[0] == '-' ? 1 : 0;
     if (i == s.size()) return true;
@@ -558,24 +566,9 @@ TEST(JsonSchema, NumericBranchesOfAnAnyOfKeepToTheirUnion) {
       }
       return false;
     };
-    SchemaPrefix start(schema->get());
-    ASSERT_TRUE(start.feed(std::string_view(R"({"v":)")));
-    std::string s;
-    std::function<void(SchemaPrefix)> walk = [&](SchemaPrefix state) {
-      for (char ch : alphabet) {
-        s.push_back(ch);
-        SchemaPrefix next = state;
-        const bool live = next.feed(static_cast<unsigned char>(ch));
-        ASSERT_EQ(live, prefixes.count(s) > 0 || (c.any_integer && integer_prefix(s))) << c.schema << ": prefix " << s;
-        if (live) {
-          SchemaPrefix closed = next;
-          EXPECT_EQ(closed.feed('}') && closed.complete(), allowed(s)) << c.schema << ": value " << s;
-          if (s.size() < 5) walk(next);
-        }
-        s.pop_back();
-      }
-    };
-    walk(start);
+    check_number_texts(
+        **schema, c.schema,
+        [&](const std::string& text) { return prefixes.count(text) > 0 || (c.any_integer && integer_prefix(text)); }, allowed);
   }
   // Nothing to enforce: an unbounded number branch, or more bounded branches than are tracked.
   for (const char* loose : {R"({"anyOf": [{"type": "number"}, {"type": "integer", "minimum": 5, "maximum": 6}]})",
