@@ -110,7 +110,7 @@ std::optional<std::string> walk(const RegexDfa& dfa, std::mt19937& rng) {
 TEST(RegexDfa, MatchesWhatPcre2FindsAndDiesWhenNoContinuationCan) {
   std::mt19937 rng(23);
   for (const char* pattern : kPatterns) {
-    auto dfa = RegexDfa::compile(pattern);
+    auto dfa = petrel::RegexDfa::compile(pattern);
     ASSERT_TRUE(dfa.ok()) << pattern << ": " << dfa.status().to_string();
     Pcre pcre(pattern);
     ASSERT_TRUE(pcre.ok()) << pattern;
@@ -176,7 +176,7 @@ TEST(RegexDfa, OpenStatesSurviveEveryContinuation) {
     return state;
   };
   for (const char* pattern : kPatterns) {
-    auto dfa = RegexDfa::compile(pattern);
+    auto dfa = petrel::RegexDfa::compile(pattern);
     ASSERT_TRUE(dfa.ok()) << pattern;
     for (int i = 0; i < 300; ++i) {
       const std::string prefix = random_string(rng, 6);
@@ -346,3 +346,29 @@ TEST(RegexDfa, RefusesWhatItDoesNotSupportNamingTheOffset) {
 
 }  // namespace
 }  // namespace petrel
+
+// Automata are minimal: states that no string tells apart are one (the subset construction makes `^(ab|cb)$`'s
+// "after a" and "after c" two), and a product of two automata is built from minimal inputs. Matches are checked
+// against PCRE2 by the tests above on the minimized automata.
+TEST(RegexDfa, AutomataAreMinimal) {
+  const std::pair<const char*, int32_t> cases[] = {
+      {"^(ab|cb)$", 3},          // start, after a or c, after b
+      {"^(a|b)*$", 1},           // one accepting state
+      {"^(xa|ya|za)*$", 2},      // start (accepting), after x/y/z
+      {"^[0-9]{2}$", 3},
+  };
+  for (const auto& [pattern, states] : cases) {
+    auto dfa = petrel::RegexDfa::compile(pattern);
+    ASSERT_TRUE(dfa.ok()) << pattern << ": " << dfa.status().to_string();
+    EXPECT_EQ(dfa->state_count(), states) << pattern;
+  }
+  // A product's redundant pairs merged too: an unanchored search beside an anchored shape.
+  auto a = petrel::RegexDfa::compile("^[a-z]{1,12}@[a-z]{1,12}\\.com$");
+  auto b = petrel::RegexDfa::compile("x");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto both = petrel::RegexDfa::intersect(*a, *b);
+  ASSERT_TRUE(both.ok()) << both.status().to_string();
+  EXPECT_TRUE(both->matches("ax@b.com"));
+  EXPECT_FALSE(both->matches("ab@c.com"));
+  EXPECT_LE(both->state_count(), 2 * a->state_count());
+}

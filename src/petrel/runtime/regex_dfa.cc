@@ -626,6 +626,7 @@ Result<RegexDfa> RegexDfa::compile(std::string_view pattern) {
     }
     for (int c = 0; c < 256; ++c) dfa.table_[d * 256 + static_cast<size_t>(c)] = to_class[static_cast<size_t>(byte_class[static_cast<size_t>(c)])];
   }
+  dfa.minimize();
   dfa.find_open_states();
   return dfa;
 }
@@ -685,8 +686,79 @@ Result<RegexDfa> RegexDfa::intersect(const RegexDfa& a, const RegexDfa& b) {
   for (int32_t& t : dfa.table_) {
     if (t != kDead && !live[static_cast<size_t>(t)]) t = kDead;
   }
+  dfa.minimize();  // the states turned dead are unreachable now: not kept
   dfa.find_open_states();
   return dfa;
+}
+
+// Moore's partition refinement: states start split by acceptance, and a block splits while two of its states go
+// to different blocks on some byte (bytes whose columns of the table are equal stepped once); the blocks are the
+// minimal automaton's states, numbered by their first state (the start stays 0) and holding only the states
+// reachable from the start. The subset construction gives equivalent states (an unanchored pattern's, a format's
+// repeated shapes), and a product's size follows its inputs'. Each round costs states x byte classes; past
+// kMaxWork the automaton is kept as built (it is correct, only larger), so a hostile pattern costs no more.
+void RegexDfa::minimize() {
+  constexpr size_t kMaxWork = size_t{32} << 20;
+  const size_t n = accepting_.size();
+  if (n <= 1) return;
+  std::vector<int> classes;  // a representative byte of each distinct column
+  {
+    std::map<std::vector<int32_t>, int> columns;
+    std::vector<int32_t> column(n);
+    for (int c = 0; c < 256; ++c) {
+      for (size_t s = 0; s < n; ++s) column[s] = table_[s * 256 + static_cast<size_t>(c)];
+      if (columns.emplace(column, c).second) classes.push_back(c);
+    }
+  }
+  std::vector<int32_t> block(n), next(n);
+  for (size_t s = 0; s < n; ++s) block[s] = accepting_[s];
+  size_t blocks = 0, work = 0;
+  std::vector<int32_t> signature(classes.size() + 1);
+  for (;;) {
+    std::map<std::vector<int32_t>, int32_t> ids;
+    for (size_t s = 0; s < n; ++s) {
+      signature[0] = block[s];
+      for (size_t k = 0; k < classes.size(); ++k) {
+        const int32_t t = table_[s * 256 + static_cast<size_t>(classes[k])];
+        signature[k + 1] = t == kDead ? -1 : block[static_cast<size_t>(t)];
+      }
+      next[s] = ids.emplace(signature, static_cast<int32_t>(ids.size())).first->second;
+    }
+    work += n * signature.size();
+    if (ids.size() == blocks) break;  // no block split: stable (next numbers the blocks by first state)
+    if (work > kMaxWork) return;
+    blocks = ids.size();
+    block.swap(next);
+  }
+  // Blocks reachable from the start's, renumbered in the order they are found (the start's is 0).
+  std::vector<int32_t> first_state(blocks, -1);
+  for (size_t s = n; s-- > 0;) first_state[static_cast<size_t>(next[s])] = static_cast<int32_t>(s);
+  std::vector<int32_t> id(blocks, -1), order{next[0]};
+  id[static_cast<size_t>(next[0])] = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto s = static_cast<size_t>(first_state[static_cast<size_t>(order[i])]);
+    for (int c = 0; c < 256; ++c) {
+      const int32_t t = table_[s * 256 + static_cast<size_t>(c)];
+      if (t == kDead) continue;
+      const auto b = static_cast<size_t>(next[static_cast<size_t>(t)]);
+      if (id[b] < 0) {
+        id[b] = static_cast<int32_t>(order.size());
+        order.push_back(static_cast<int32_t>(b));
+      }
+    }
+  }
+  std::vector<int32_t> table(order.size() * 256, kDead);
+  std::vector<uint8_t> accepting(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto s = static_cast<size_t>(first_state[static_cast<size_t>(order[i])]);
+    accepting[i] = accepting_[s];
+    for (int c = 0; c < 256; ++c) {
+      const int32_t t = table_[s * 256 + static_cast<size_t>(c)];
+      if (t != kDead) table[i * 256 + static_cast<size_t>(c)] = id[static_cast<size_t>(next[static_cast<size_t>(t)])];
+    }
+  }
+  table_ = std::move(table);
+  accepting_ = std::move(accepting);
 }
 
 // The largest set F of states such that every string character (an ASCII byte from 0x20 but '"' and

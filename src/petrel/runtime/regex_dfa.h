@@ -32,7 +32,8 @@ class RegexDfa {
   // kInvalidArgument naming the character offset for what the subset above does not hold.
   static Result<RegexDfa> compile(std::string_view pattern);
   // The strings both match (allOf of two patterns or formats): the product automaton, with the states from which
-  // no string both accept is reachable turned dead, so that a live state can always be finished.
+  // no string both accept is reachable turned dead, so that a live state can always be finished. Both compile()
+  // and intersect() give minimal automata (states no string tells apart merged), within a bound on the work.
   // kInvalidArgument when no string matches both, or the product needs more than kMaxStates states.
   static Result<RegexDfa> intersect(const RegexDfa& a, const RegexDfa& b);
 
@@ -52,6 +53,7 @@ class RegexDfa {
   const std::string& pattern() const { return pattern_; }
 
  private:
+  void minimize();
   void find_open_states();
 
   std::string pattern_;
