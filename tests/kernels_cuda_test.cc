@@ -647,7 +647,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
       {{36, 52, 4}, 128, -1, 8, true},
       {{1028, 132}, 256, 32, 8, false},
       // One split of 8,192 inputs at 8 bits: 16 KB of staged x + 16 KB of fp16/bf16 norm weights, exactly 32 KB of
-      // dynamic shared memory beside the static 16.5 KB (a Llama-3.1-70B-shaped LM head; it failed to launch).
+      // dynamic shared memory beside the static 16.5 KB (a Llama-3.1-70B-shaped LM head: at the old 32 KB opt-in threshold, a slice of exactly 32 KB failed to launch).
       {{64}, 8192, -1, 8, true},
   };
   auto workspace = cuda::GemvWorkspace::create();

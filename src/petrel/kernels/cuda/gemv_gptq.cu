@@ -1037,7 +1037,8 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 
 // Dynamic shared memory up to which no kernel needs the opt-in: 48 KB less the RMSNorm kernels' static 16.5 KB
 // (16,928 bytes: the x cache and the warp sums). At 32 KB, a slice of exactly 32 KB of x and norm weights (an
-// 8-bit LM head of 8,192 inputs with bf16 norm weights, one split: a Llama-3.1-70B shape) failed to launch.
+// 8-bit LM head of 8,192 inputs with bf16 norm weights, one split: a Llama-3.1-70B shape) did not get the opt-in and
+// failed to launch, as session 28's first tail build did at exactly 32 KB.
 constexpr size_t kSharedWithoutOptIn = 31 * 1024;
 
 template <auto Kernel>
