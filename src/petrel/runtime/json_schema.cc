@@ -128,10 +128,16 @@ std::optional<std::pair<int64_t, int>> decimal_of(const njson& number) {
 
 // A number or integer schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; draft 4's boolean
 // exclusiveMinimum/Maximum too) and multipleOf, as a scaled-integer range (JsonSchema::NumericRange) in *range;
-// nullopt where it constrains nothing.
+// nullopt where it constrains nothing. Bounds that no value meets are an error, or, with `unmet` (a branch of a
+// union, which JSON Schema then just never matches), *unmet = the error's text and OK.
 Status numeric_constraint(const njson& part, bool integer_only, const std::string& where,
-                          std::optional<JsonSchema::NumericRange>* range) {
+                          std::optional<JsonSchema::NumericRange>* range, std::string* unmet = nullptr) {
   *range = std::nullopt;
+  const auto no_value = [&](std::string message) -> Status {
+    if (!unmet) return invalid_argument(message);
+    *unmet = std::move(message);
+    return ok_status();
+  };
   const auto number = [&](const char* key, double& v) -> Result<bool> {
     if (!part.contains(key) || part[key].is_boolean()) return false;
     if (!part[key].is_number()) return invalid_argument(where + key + ": expected a number");
@@ -175,9 +181,9 @@ Status numeric_constraint(const njson& part, bool integer_only, const std::strin
   if (has_xmax) max_n = std::min(max_n, scaled_bound(xhi, true, false, scale));
   const char* what = integer_only || scale == 0 ? "integer" : "number";
   // Bounds that no value meets, or none that is a multiple (for a number, the multiple's places are its scale).
-  if (min_n > max_n && !(multiple_enforced && !integer_only)) return invalid_argument(where + "minimum: no " + what + " lies between the bounds");
+  if (min_n > max_n && !(multiple_enforced && !integer_only)) return no_value(where + "minimum: no " + what + " lies between the bounds");
   if (multiple_enforced && min_n > -kNoBound && max_n < kNoBound && !has_multiple(min_n, max_n, multiple)) {
-    return invalid_argument(where + "multipleOf: no multiple of " + part["multipleOf"].dump() + " lies between the bounds");
+    return no_value(where + "multipleOf: no multiple of " + part["multipleOf"].dump() + " lies between the bounds");
   }
   *range = JsonSchema::NumericRange{static_cast<uint8_t>(scale), multiple, min_n, max_n};
   return ok_status();
@@ -779,15 +785,34 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   // Integers and numbers: each branch's range; a value must fall in one. A branch that constrains nothing allows any
   // number of its type: for a number branch, no range is needed at all; an integer branch beside others is the
   // range of all integers. More than kMaxNumericRanges ranges: none enforced (the header says so).
+  // In a union, a branch whose bounds no number meets matches nothing and is left out (its other types stay); a
+  // union of which no branch is left matches nothing: an error, as such bounds in a lone schema are.
   std::vector<NumericRange> ranges;
   bool any_number = false;
+  std::vector<const njson*> unmet_parts;
+  std::string unmet;
   for (const auto& [part, types] : numeric_parts) {
     const bool integer_only = (types & kNumber) == 0;
     std::optional<NumericRange> range;
-    if (part->is_object()) PETREL_RETURN_IF_ERROR(numeric_constraint(*part, integer_only, where, &range));
+    std::string why;
+    if (part->is_object()) PETREL_RETURN_IF_ERROR(numeric_constraint(*part, integer_only, where, &range, branches ? &why : nullptr));
+    if (!why.empty()) {
+      unmet_parts.push_back(part);
+      if (unmet.empty()) unmet = why;
+      continue;
+    }
     if (!range && !integer_only) any_number = true;
     if (!range && integer_only && numeric_parts.size() > 1) range = NumericRange{};
     if (range) ranges.push_back(*range);
+  }
+  if (!unmet_parts.empty()) {
+    node.types = 0;
+    for (const njson* part : parts) {
+      PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*part, where));
+      const bool met = std::find(unmet_parts.begin(), unmet_parts.end(), part) == unmet_parts.end();
+      node.types |= met ? types : types & ~(kNumber | kInteger);
+    }
+    if (node.types == 0) return invalid_argument(unmet + " (and no other branch of the anyOf is left)");
   }
   if (!any_number && ranges.size() <= kMaxNumericRanges) node.numeric = std::move(ranges);
   if ((node.types & kObject) && loose_object && !object_parts.empty()) {
