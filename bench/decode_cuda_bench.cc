@@ -65,9 +65,6 @@
 //   any of them with "-pfqN", "-pfoN", "-pfgN", "-pfdN" (before "-acold"): N steps of L2 prefetch for that product
 //                     alone (q/k/v, o, gate/up, down in every format; CudaModelOptions::decode_l2_prefetch), e.g.
 //                     fused-pfq16-pfg16-pfd16 (the defaults before session 28)
-//   any of them with "-rcdN", "-rcoN" (last, before "-nograph"): down's and o's split-K adds spread over the residual
-//                     stream and N extra copies of it (CudaModelOptions::decode_residual_copies), e.g. fused-rcd1;
-//                     "-rcpN" (diagnostic, wrong outputs): down's spread alone, nothing reading or folding the copies
 //   any of them with "-attnfp32" (before "-skipN"): the fused attention kernel's float32 build instead of its
 //                     tensor-core one (CudaModelOptions::decode_attention_tensor_cores off), e.g. fused-attnfp32
 // --timeline FILE installs a block timeline (kernels/cuda/timeline.h) before the models are made, so that every
@@ -252,15 +249,6 @@ std::string without_probe(std::string variant, uint32_t* probe) {
 bool variant_options(const std::string& name, CudaModelOptions& o) {
   o.use_graph = name.find("-nograph") == std::string::npos;
   std::string base = o.use_graph ? name : name.substr(0, name.find("-nograph"));
-  // "-rcdN", "-rcoN" (in this order, last before "-nograph"): the residual stream's extra copies that down's and o's
-  // split-K slices spread their adds over (CudaModelOptions::decode_residual_copies), e.g. fused-rcd1-rco1.
-  int64_t copies = 0;
-  if (take_number_suffix(base, "-rcp", 1, &copies)) {  // diagnostic: down's spread alone, nothing reads the copies
-    o.decode_residual_copies.down = static_cast<int>(copies);
-    o.decode_residual_copies.spread_only = true;
-  }
-  if (take_number_suffix(base, "-rco", 1, &copies)) o.decode_residual_copies.o = static_cast<int>(copies);
-  if (take_number_suffix(base, "-rcd", 1, &copies)) o.decode_residual_copies.down = static_cast<int>(copies);
   // "-ctxN": a KV cache of N positions (CudaModelOptions::context_length; default 4096). The fused attention
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.

@@ -14,7 +14,6 @@
 
 #include "petrel/io/npy.h"
 #include "petrel/kernels/cuda/device.h"
-#include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/model/cuda_model.h"
 #include "petrel/model/llama.h"
 #include "petrel/quant/quantize_checkpoint.h"
@@ -363,25 +362,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions atomic = split;
   atomic.decode_atomic_reduce = true;  // split-K sums by atomics (all but layer 0's q/k/v): an order varying by run
   expect_close(atomic, "atomic split-K");
-  // The residual stream as x plus copies that down's and o's slices spread their adds over (each copy read by
-  // the next RMSNorm product and folded back into x by the next residual product): the same sums in another
-  // order. With ordered sums nothing is spread, so the copies stay zero and the bits are the fixed-order ones.
-  for (const CudaModelOptions::ResidualCopies copies : {CudaModelOptions::ResidualCopies{1, 0},
-                                                        CudaModelOptions::ResidualCopies{0, 1},
-                                                        CudaModelOptions::ResidualCopies{1, 1}}) {
-    CudaModelOptions spread = atomic;
-    spread.decode_residual_copies = copies;
-    const std::string what = "residual copies " + std::to_string(copies.down) + "/" + std::to_string(copies.o);
-    expect_close(spread, what);
-    spread.use_graph = false;
-    expect_close(spread, what + ", no graph");
-  }
-  CudaModelOptions ordered_copies = fused;
-  ordered_copies.decode_residual_copies = {1, 1};
-  EXPECT_EQ(cuda_logits(**model, tokens, ordered_copies), overlapped);
-  CudaModelOptions too_many = atomic;
-  too_many.decode_residual_copies = {cuda::kMaxResidualCopies + 1, 0};
-  EXPECT_EQ(CudaModel::create(**model, too_many).status().code(), ErrorCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

@@ -230,9 +230,6 @@ struct CudaModel::State {
   cuda::DeviceBuffer step_input;  // int32 {token, position}, copied from host_input by every step
   cuda::PinnedBuffer host_input;
   cuda::DeviceBuffer x, normed, q, k, v, attn, proj, gate, up, logits, attention_workspace;
-  // The fused step's extra copies of the residual stream (CudaModelOptions::decode_residual_copies): down's
-  // slices spread into copies_after_down, o's into copies_after_o; zero between steps.
-  cuda::DeviceBuffer copies_after_down, copies_after_o;
   cuda::PinnedBuffer host_logits;
   bool logits_mapped = false;  // options.logits_to_mapped_host where host_logits maps into the device
   // decode_top / forward_top: cuda::top_k_logits' answer on the device and its pinned copy on the host.
@@ -359,17 +356,6 @@ struct CudaModel::State {
       return f;
     };
     float* residual = x.as<float>();
-    // The stream's extra copies (CudaModelOptions::decode_residual_copies), each zero between steps: down's
-    // copies are read by the next q/k/v and folded into x by the next o; o's read by gate/up, folded by down.
-    // The last layer's down adds into x alone, so that the LM head's norm reads x.
-    const auto copies = [&](const cuda::DeviceBuffer& b, int count) {
-      return cuda::GemvFusion::Copies{count > 0 ? b.as<float>() : nullptr, count, c.hidden_size};
-    };
-    const cuda::GemvFusion::Copies after_down = copies(copies_after_down, options.decode_residual_copies.down);
-    const cuda::GemvFusion::Copies after_o = copies(copies_after_o, options.decode_residual_copies.o);
-    const bool spread_only = options.decode_residual_copies.spread_only;  // diagnostic: no reader, no fold
-    const cuda::GemvFusion::Copies read_after_down = spread_only ? cuda::GemvFusion::Copies{} : after_down;
-    const cuda::GemvFusion::Copies read_after_o = spread_only ? cuda::GemvFusion::Copies{} : after_o;
     PETREL_RETURN_IF_ERROR(embed.lookup(token, 1, residual, s));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DeviceLayer& w = layers[l];
@@ -379,7 +365,6 @@ struct CudaModel::State {
       input_norm.input = cuda::GemvInput::kRmsNorm;
       input_norm.norm_weight = w.input_norm.weight;
       input_norm.norm_eps = eps;
-      input_norm.input_copies = read_after_down;
       const cuda::GemvGroupMember qkv[] = {{&w.q_proj.quantized.view(), q.as<float>()},
                                            {&w.k_proj.quantized.view(), k.as<float>()},
                                            {&w.v_proj.quantized.view(), v.as<float>()}};
@@ -397,8 +382,6 @@ struct CudaModel::State {
       }
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
-      add_to_residual.fold_from = read_after_down;
-      add_to_residual.spread_to = after_o;
       if (!(skip & CudaModelOptions::kSkipO)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.o, options.decode_l2_prefetch.o),
@@ -406,7 +389,6 @@ struct CudaModel::State {
       }
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
-      post_attention_norm.input_copies = read_after_o;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       if (!(skip & CudaModelOptions::kSkipGateUp)) {
@@ -418,8 +400,6 @@ struct CudaModel::State {
       silu_and_add.input = cuda::GemvInput::kSiluMul;
       silu_and_add.up = up.as<float>();
       silu_and_add.residual = residual;
-      silu_and_add.fold_from = read_after_o;
-      if (l + 1 < c.num_hidden_layers) silu_and_add.spread_to = after_down;
       if (!(skip & CudaModelOptions::kSkipDown)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.down,
@@ -928,7 +908,7 @@ int64_t CudaModel::device_bytes() const {
   const State& s = *state_;
   int64_t bytes = s.weight_bytes + static_cast<int64_t>(s.keys.size() + s.values.size());
   for (const cuda::DeviceBuffer* b : {&s.x, &s.normed, &s.q, &s.k, &s.v, &s.attn, &s.proj, &s.gate, &s.up, &s.logits,
-                                      &s.attention_workspace, &s.copies_after_down, &s.copies_after_o}) {
+                                      &s.attention_workspace}) {
     bytes += static_cast<int64_t>(b->size());
   }
   return bytes + s.prefill.bytes();
@@ -1075,17 +1055,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   s.fused = options.fused_step && s.fused_step_applies();
   s.overlap = s.fused && options.overlap_kernels && devices[options.device].compute_major >= 9;
   if (s.fused) {
-    for (auto [buffer, count] : {std::pair{&s.copies_after_down, options.decode_residual_copies.down},
-                                 std::pair{&s.copies_after_o, options.decode_residual_copies.o}}) {
-      const int most = options.decode_residual_copies.spread_only ? cuda::kMaxSpreadCopies : cuda::kMaxResidualCopies;
-      if (count < 0 || count > most) {
-        return invalid_argument("decode_residual_copies: " + std::to_string(count) + " copies, at most " +
-                                std::to_string(most));
-      }
-      if (count == 0) continue;
-      PETREL_ASSIGN_OR_RETURN(*buffer, floats(count * c.hidden_size));
-      PETREL_RETURN_IF_ERROR(buffer->fill_bytes(0));
-    }
     PETREL_ASSIGN_OR_RETURN(s.attention_counters, cuda::DeviceBuffer::allocate(static_cast<size_t>(c.num_key_value_heads) * 4));
     PETREL_RETURN_IF_ERROR(s.attention_counters.fill_bytes(0));
   }

@@ -118,17 +118,6 @@ struct CudaModelOptions {
   // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;
-  // The fused step's residual stream kept as x plus extra copies (cuda::GemvFusion::Copies; 0: none, at most
-  // cuda::kMaxResidualCopies): down's split-K slices spread their atomic adds over x and `down` copies (read
-  // by the next q/k/v's RMSNorm staging, added back into x by the next o), o's over x and `o` copies (read by
-  // gate/up, added back by down), so that fewer slices add into the same addresses (session 17: down's 16-way
-  // contended adds drain ~0.9 us after its last block, delaying q/k/v's release). Bench suffixes -rcdN, -rcoN.
-  struct ResidualCopies {
-    int down = 0, o = 0;
-    // Diagnostic only (wrong outputs): down's slices spread their adds but nothing reads or folds the copies
-    // (bench suffix -rcpN): what less contended adds give without the readers' cost.
-    bool spread_only = false;
-  } decode_residual_copies;
   // The fused decode attention's blocks per KV head at most (cuda::DecodeAttentionShape::fused_max_blocks; 0:
   // one per 32 positions of the cache, at most 32, cut to what fits on the GPU at once). Sessions 17-18: capping
   // it lower at a 4,096-position cache (so that o launches during q/k/v) measured a tie.

@@ -207,7 +207,6 @@ struct GemvArgs {
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
-  GemvFusion::Copies input_copies, spread_to, fold_from;  // GemvFusion's (count 0: none)
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
 };
 
@@ -259,32 +258,6 @@ __device__ __forceinline__ RowGroupParams load_group_params(const GemvPart& m, i
   return p;
 }
 
-// y[0 .. 3] += v with fire-and-forget reductions (one vector reduction on sm_90).
-__device__ __forceinline__ void add4(float* y, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(y), v);
-#else
-  atomicAdd(y, v.x);
-  atomicAdd(y + 1, v.y);
-  atomicAdd(y + 2, v.z);
-  atomicAdd(y + 3, v.w);
-#endif
-}
-
-// Element 4 i .. 4 i + 3 of x plus GemvFusion::input_copies (x4 is x as float4; the copies' loads issued
-// together with x's).
-__device__ __forceinline__ float4 load_stream4(const GemvArgs& a, const float4* x4, int64_t i) {
-  float4 v = __ldcg(x4 + i);
-#pragma unroll
-  for (int c = 0; c < kMaxResidualCopies; ++c) {
-    if (c < a.input_copies.count) {
-      const float4 u = __ldcg(reinterpret_cast<const float4*>(a.input_copies.data + c * a.input_copies.stride) + i);
-      v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
-    }
-  }
-  return v;
-}
-
 // Split-K: called by every thread of a block after it stored its partial sums for row tile `tile`; true in the
 // last of the tile's k_splits blocks to arrive (which resets the tile's counter for the next launch), and then
 // the other blocks' partials are visible to it.
@@ -312,9 +285,14 @@ __device__ __forceinline__ void finish_rows(const GemvArgs& a, const GemvPart& m
     // y already holds the residual (in place) or zeros: every slice adds into it; the next kernel's wait covers
     // the adds (fire-and-forget reductions, completed with this grid).
     if (writer) {
-      // GemvFusion::spread_to: slice s into copy s % (count + 1) - 1 of the stream, or y.
-      const int copy = a.spread_to.count > 0 ? static_cast<int>(blockIdx.y % (a.spread_to.count + 1)) - 1 : -1;
-      add4(copy < 0 ? m.y + row : a.spread_to.data + copy * a.spread_to.stride + row, sums);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float4*>(m.y + row), sums);  // one vector reduction (sm_90)
+#else
+      atomicAdd(m.y + row, sums.x);
+      atomicAdd(m.y + row + 1, sums.y);
+      atomicAdd(m.y + row + 2, sums.z);
+      atomicAdd(m.y + row + 3, sums.w);
+#endif
     }
     return;
   }
@@ -419,9 +397,9 @@ constexpr int kNormCacheVectors = 1024;
 // from the whole vector (16 KB for Llama-3.1-8B, from L2: cheaper than a launch of its own), all loads issued
 // together. Float32 sums in a tree order, as norm.cu; the same expression for the result. Every thread calls it.
 // probe: TimelineRing::probe in the timeline build (0 in the product's: folded away).
-template <GemvInput kInput, bool kCopies>
-__device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cache, float4* copy_cache, uint32_t probe,
-                                               int64_t slice_begin4, int64_t slice_end4) {
+template <GemvInput kInput>
+__device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cache, uint32_t probe, int64_t slice_begin4,
+                                               int64_t slice_end4) {
   if constexpr (kInput != GemvInput::kRmsNorm) {
     return 1.0f;
   } else {
@@ -429,46 +407,14 @@ __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cach
     const bool slice_only = probe & kProbeNormSliceOnly;
     const int64_t n4 = slice_only ? slice_end4 : a.cols / 4;  // cols % 4 == 0 (gemv_gptq_supports)
     float sum = 0.0f;
-    auto add_squares = [&](const float4& v) {
+#pragma unroll 8
+    for (int64_t i = (slice_only ? slice_begin4 : 0) + threadIdx.x; i < n4; i += kThreads) {
+      const float4 v = __ldcg(x4 + i);
+      if (i < kNormCacheVectors) x_cache[i] = v;
       sum = fmaf(v.x, v.x, sum);
       sum = fmaf(v.y, v.y, sum);
       sum = fmaf(v.z, v.z, sum);
       sum = fmaf(v.w, v.w, sum);
-    };
-    if constexpr (kCopies) {
-      // x plus its copy (GemvFusion::input_copies, kBuildInputCopies): both into shared memory with cp.async,
-      // which holds no register while in flight (loads through registers took the deep build from 119 to 127
-      // registers, too many for attention's block to start beside three of these), then summed by the thread
-      // that copied them, in the loop below's order; longer vectors one float4 at a time.
-      if (n4 <= kNormCacheVectors) {
-        const float4* copy4 = reinterpret_cast<const float4*>(a.input_copies.data);
-        for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
-          cp_async16(x_cache + i, x4 + i);
-          cp_async16(copy_cache + i, copy4 + i);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
-          const float4 x = x_cache[i], c = copy_cache[i];
-          const float4 v = make_float4(x.x + c.x, x.y + c.y, x.z + c.z, x.w + c.w);
-          x_cache[i] = v;
-          add_squares(v);
-        }
-      } else {
-#pragma unroll 1
-        for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
-          const float4 v = load_stream4(a, x4, i);
-          if (i < kNormCacheVectors) x_cache[i] = v;
-          add_squares(v);
-        }
-      }
-    } else {
-#pragma unroll 8
-      for (int64_t i = (slice_only ? slice_begin4 : 0) + threadIdx.x; i < n4; i += kThreads) {
-        const float4 v = __ldcg(x4 + i);
-        if (i < kNormCacheVectors) x_cache[i] = v;
-        add_squares(v);
-      }
     }
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
     __shared__ float warp_sums[kThreads / 32];
@@ -485,12 +431,11 @@ __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cach
 // x (and up) were written by the previous kernel: read through L2 (programmatic_launch.cuh).
 // kRmsNorm: norm_slice holds the norm weights of the block's slice (shared memory, copied before the wait),
 // from element norm_first of the vector.
-template <GemvInput kInput, bool kCopies>
+template <GemvInput kInput>
 __device__ __forceinline__ float4 load_input4(const GemvArgs& a, int64_t i, float inv_rms, const float4* x_cache,
                                               const char* norm_slice, int64_t norm_first, uint32_t probe) {
   if constexpr (kInput == GemvInput::kRmsNorm) {
-    const float4* x4 = reinterpret_cast<const float4*>(a.x);
-    const float4 v = i < kNormCacheVectors ? x_cache[i] : kCopies ? load_stream4(a, x4, i) : __ldcg(x4 + i);
+    const float4 v = i < kNormCacheVectors ? x_cache[i] : __ldcg(reinterpret_cast<const float4*>(a.x) + i);
     if (probe & kProbeNormNoWeight) return make_float4(v.x * inv_rms, v.y * inv_rms, v.z * inv_rms, v.w * inv_rms);
     const float4 w = widen4_shared(norm_slice, a.norm_type, 4 * i - norm_first);
     return make_float4(w.x * (v.x * inv_rms), w.y * (v.y * inv_rms), w.z * (v.z * inv_rms), w.w * (v.w * inv_rms));
@@ -596,15 +541,10 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // loads in flight instead of two. Build flags that measured slower and were removed (session 17,
 // docs/PERFORMANCE.md): the first register batches after the wait (only L2 prefetch before it) for o, -1.7%
 // tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
-// kBuildInputCopies (4-bit RMSNorm products with GemvFusion::input_copies) and kBuildFold (single matrices with
-// fold_from): the residual stream's copies (CudaModelOptions::decode_residual_copies), in builds of their own so
-// that the others' registers and code are as without them.
-constexpr unsigned kBuildDeep = 1, kBuildInputCopies = 2, kBuildFold = 4;
+constexpr unsigned kBuildDeep = 1;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kDeep = kBuild & kBuildDeep;
-  constexpr bool kCopies = (kBuild & kBuildInputCopies) && kInput == GemvInput::kRmsNorm;
-  constexpr bool kFold = kBuild & kBuildFold;
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
@@ -732,33 +672,16 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       return;
     }
   }
-  // GemvFusion::fold_from (vector kernels, slice 0): the copies of this thread's 4 rows, loaded now and added
-  // into y once x is staged, so that their L2 round trip overlaps the staging's; by the thread that writes
-  // those rows at the end, so that a one-slice launch's read of the residual (y) comes after its own adds.
-  float4 fold[kMaxResidualCopies];
-  const int64_t fold_row = v.row;
-  const bool folds = kFold && blockIdx.y == 0 && v.row_ok && quad_col == 0;
-  if (folds) {
-#pragma unroll
-    for (int c = 0; c < kMaxResidualCopies; ++c) {
-      if (c < a.fold_from.count) fold[c] = __ldcg(reinterpret_cast<const float4*>(a.fold_from.data + c * a.fold_from.stride + fold_row));
-    }
-  }
   float4* x_cache = nullptr;
-  float4* copy_cache = nullptr;
   if constexpr (kInput == GemvInput::kRmsNorm) {
     __shared__ float4 norm_cache[kNormCacheVectors];
     x_cache = norm_cache;
-    if constexpr (kCopies) {
-      __shared__ float4 copies_cache[kNormCacheVectors];
-      copy_cache = copies_cache;
-    }
   }
   // This thread's copies of the norm weights done; the block's barrier in input_inv_rms makes all visible.
   if constexpr (kInput == GemvInput::kRmsNorm) cp_async_wait<0>();
   const int64_t slice_begin4 = slice.first_word * (32 / kBits) / 4;
-  const float inv_rms = input_inv_rms<kInput, kCopies>(
-      a, x_cache, copy_cache, probe, slice_begin4,
+  const float inv_rms = input_inv_rms<kInput>(
+      a, x_cache, probe, slice_begin4,
       min(a.cols / 4, slice_begin4 + int64_t{slice.steps} * kWordsPerStep * (32 / kBits) / 4));
   if constexpr (kInput == GemvInput::kRmsNorm) stamp(4);
 
@@ -812,8 +735,8 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       if constexpr (kBits == 4) {
         uint4 frag = make_uint4(0, 0, 0, 0);
         if (word < a.words) {
-          const float4 lo = load_input4<kInput, kCopies>(a, 2 * word, inv_rms, x_cache, norm_slice, norm_first, probe),
-                       hi = load_input4<kInput, kCopies>(a, 2 * word + 1, inv_rms, x_cache, norm_slice, norm_first, probe);
+          const float4 lo = load_input4<kInput>(a, 2 * word, inv_rms, x_cache, norm_slice, norm_first, probe),
+                       hi = load_input4<kInput>(a, 2 * word + 1, inv_rms, x_cache, norm_slice, norm_first, probe);
           frag = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z),
                             pack_half2(lo.w, hi.w));
         }
@@ -821,7 +744,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       } else {
         uint2 frag = make_uint2(0, 0);
         if (word < a.words) {
-          const float4 x4 = load_input4<kInput, kCopies>(a, word, inv_rms, x_cache, norm_slice, norm_first, probe);
+          const float4 x4 = load_input4<kInput>(a, word, inv_rms, x_cache, norm_slice, norm_first, probe);
           frag = make_uint2(pack_half2(x4.x, x4.z), pack_half2(x4.y, x4.w));
         }
         reinterpret_cast<uint2*>(x_staged)[i] = frag;
@@ -829,20 +752,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   }
   __syncthreads();
-  if (folds) {
-    float4 sum = fold[0];
-#pragma unroll
-    for (int c = 1; c < kMaxResidualCopies; ++c) {
-      if (c < a.fold_from.count) sum = make_float4(sum.x + fold[c].x, sum.y + fold[c].y, sum.z + fold[c].z, sum.w + fold[c].w);
-    }
-    add4(v.m.y + fold_row, sum);
-#pragma unroll
-    for (int c = 0; c < kMaxResidualCopies; ++c) {
-      if (c < a.fold_from.count) {
-        __stcg(reinterpret_cast<float4*>(a.fold_from.data + c * a.fold_from.stride + fold_row), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-      }
-    }
-  }
   stamp(2);
   // The batch kernels' B fragments: token row quad_row of each n-tile, word quad_col of each step.
   const char* x_thread = reinterpret_cast<const char*>(x_staged) + (kBatched ? quad_row * a.x_stride_bytes : 0) + quad_col * 16;
@@ -1132,10 +1041,9 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_cuda_core(const GemvArgs a
 // failed to launch, as session 28's first tail build did at exactly 32 KB.
 constexpr size_t kSharedWithoutOptIn = 31 * 1024;
 
-// kBigStatic: builds whose static shared memory is larger still (kBuildInputCopies: 33,312 bytes) always opt in.
-template <auto Kernel, bool kBigStatic = false>
+template <auto Kernel>
 cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
-  if (kBigStatic || shared > kSharedWithoutOptIn) {  // a batch's staged x (plan_gemv_gptq_batch bounds it), or x and norm weights
+  if (shared > kSharedWithoutOptIn) {  // a batch's staged x (plan_gemv_gptq_batch bounds it), or x and norm weights
     const cudaError_t e = raise_shared_limit_once<Kernel>(static_cast<int>(GemvPlan::kMaxBatchSharedBytes));
     if (e != cudaSuccess) return e;
   }
@@ -1150,12 +1058,10 @@ template <int kBits, GemvInput kInput, int kTiles, unsigned kBuild = 0>
 cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0) {
     if (args.timeline.records) {
-      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, kBuild>, (kBuild & kBuildInputCopies) != 0>(
-          grid, shared, stream, overlap, args);
+      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, kBuild>>(grid, shared, stream, overlap, args);
     }
   }
-  return launch_built<gemv_gptq_tensor_core<kBits, kInput, kTiles, false, kBuild>, (kBuild & kBuildInputCopies) != 0>(
-      grid, shared, stream, overlap, args);
+  return launch_built<gemv_gptq_tensor_core<kBits, kInput, kTiles, false, kBuild>>(grid, shared, stream, overlap, args);
 }
 
 // The build for a launch (the 4-bit vector kernels; the others have one). kBuildDeep for the RMSNorm products
@@ -1168,13 +1074,7 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
-      if (args.input_copies.count > 0) {
-        if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep | kBuildInputCopies>(grid, shared, stream, overlap, args);
-        return launch_build<kBits, kInput, 0, kBuildInputCopies>(grid, shared, stream, overlap, args);
-      }
       if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
-    } else {
-      if (args.fold_from.count > 0) return launch_build<kBits, kInput, 0, kBuildFold>(grid, shared, stream, overlap, args);
     }
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
@@ -1247,38 +1147,6 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
     }
     if (!tensor_core) return unsupported(what + ": clearing a buffer needs the tensor-core kernel");
   }
-  // GemvFusion's copies of the residual stream: vector tensor-core launches; the input's with the RMSNorm
-  // input, spread and fold on a single matrix that updates the stream (residual == y) in place.
-  const struct {
-    const GemvFusion::Copies& copies;
-    const char* name;
-    int64_t length;
-    int most;
-  } copy_roles[] = {{fusion.input_copies, "input_copies", first.cols, kMaxResidualCopies},
-                    {fusion.spread_to, "spread_to", first.rows, kMaxSpreadCopies},
-                    {fusion.fold_from, "fold_from", first.rows, kMaxResidualCopies}};
-  for (const auto& role : copy_roles) {
-    const GemvFusion::Copies& c = role.copies;
-    if (c.count == 0) continue;
-    const std::string where = what + ": " + role.name + ": ";
-    if (c.count < 0 || c.count > role.most) {
-      return invalid_argument(where + std::to_string(c.count) + " copies, at most " + std::to_string(role.most));
-    }
-    if (!c.data || address(c.data) % 16 != 0 || c.stride % 4 != 0 || c.stride < role.length) {
-      return invalid_argument(where + "copies must be 16-byte aligned, a multiple of 4 floats apart and at least " +
-                              std::to_string(role.length) + " floats long");
-    }
-    if (!tensor_core || tokens > 0 || first.bits != 4) {
-      return unsupported(where + "copies of the stream need the 4-bit vector tensor-core kernel");
-    }
-    if (&c == &fusion.input_copies ? fusion.input != GemvInput::kRmsNorm
-                                   : members.size() != 1 || fusion.residual != members[0].y ||
-                                         fusion.input == GemvInput::kRmsNorm) {
-      return invalid_argument(where + (&c == &fusion.input_copies ? "input copies need the RMSNorm input"
-                                                                    : "spread and fold need one matrix whose residual is y "
-                                                                      "and a plain or SiLU*up input"));
-    }
-  }
   if (options.atomic_reduce && fusion.residual && fusion.residual != members[0].y) {
     return invalid_argument(what + ": atomic split-K adds into y: the residual must be y itself (in place)");
   }
@@ -1325,9 +1193,6 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;
   }
-  args.input_copies = fusion.input_copies;
-  args.spread_to = fusion.spread_to;
-  args.fold_from = fusion.fold_from;
   if (const TimelineRing* ring = active_timeline(); ring && tokens == 0) args.timeline = *ring;
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
   // The vector kernels' shared memory: the staged x, then the RMSNorm weights (gemv_shared_layout).

@@ -124,28 +124,7 @@ struct GemvFusion {
     float* data = nullptr;
     int64_t count = 0;
   } clear[2];
-  // The residual stream held as y plus `count` more vectors (the token generator's fused step,
-  // CudaModelOptions::decode_residual_copies): fewer split-K slices add into the same addresses at once.
-  // Each copy is [stride] floats, 16-byte aligned, `data + c * stride` for copy c < count.
-  struct Copies {
-    float* data = nullptr;
-    int count = 0;  // at most kMaxResidualCopies (spread_to: kMaxSpreadCopies)
-    int64_t stride = 0;
-  };
-  // kRmsNorm (vector kernels): the input is x plus these copies (element-wise) before the norm.
-  Copies input_copies;
-  // With atomic_reduce, a single matrix: slice s adds into copy s % (count + 1) - 1, or into y where that is -1
-  // (slice 0 always into y); without atomic adds (one slice, or ordered sums), everything goes to y as before.
-  Copies spread_to;
-  // A single matrix with a residual (y itself): these copies are added into y and zeroed by the blocks of slice
-  // 0 after the wait (their rows), so that y holds the whole stream again when the launch completes. No other
-  // kernel may read or write them while the launch runs.
-  Copies fold_from;
 };
-// The copies a kernel reads (input_copies, fold_from: one, so that the RMSNorm staging keeps its registers) and
-// the copies a launch may spread into (more only for CudaModelOptions' spread_only diagnostic).
-inline constexpr int kMaxResidualCopies = 1;
-inline constexpr int kMaxSpreadCopies = 3;
 
 // Scratch memory for the split-K reduction and the per-block arrival counters. One workspace per stream:
 // two GEMVs in flight at once must not share one. Created on the current device.
