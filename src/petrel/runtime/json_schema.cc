@@ -748,8 +748,10 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   std::vector<std::pair<const njson*, uint8_t>> numeric_parts;  // integer and number branches, with their types
   std::vector<const njson*> object_parts;  // object schemas with properties; several: a union (add_object_union)
   bool loose_object = false;
+  std::vector<uint8_t> part_types;  // parts[i]'s types
   for (const njson* part : parts) {
     PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*part, where));
+    part_types.push_back(types);
     // Objects with properties may repeat: their keys tell them apart as they are written.
     const bool keyed_object = types == kObject && part->is_object() && part->contains("properties");
     const uint8_t shared = node.types & types & ~(kNumber | kInteger);
@@ -807,10 +809,9 @@ Result<int32_t> JsonSchema::add(const njson& written, const std::string& where, 
   }
   if (!unmet_parts.empty()) {
     node.types = 0;
-    for (const njson* part : parts) {
-      PETREL_ASSIGN_OR_RETURN(uint8_t types, schema_types(*part, where));
-      const bool met = std::find(unmet_parts.begin(), unmet_parts.end(), part) == unmet_parts.end();
-      node.types |= met ? types : types & ~(kNumber | kInteger);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const bool met = std::find(unmet_parts.begin(), unmet_parts.end(), parts[i]) == unmet_parts.end();
+      node.types |= met ? part_types[i] : part_types[i] & ~(kNumber | kInteger);
     }
     if (node.types == 0) return invalid_argument(unmet + " (and no other branch of the anyOf is left)");
   }
