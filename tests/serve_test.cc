@@ -575,6 +575,21 @@ std::unique_ptr<RunningServer> tiny_server(const std::shared_ptr<Engine>& engine
   return std::make_unique<RunningServer>(std::shared_ptr<ChatGenerator>(std::move(*generator)), ServerOptions{});
 }
 
+// The end-to-end tests over tiny-llama31: its engine (shared), a server over it on a free port, a client.
+class TinyServer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine = tiny_engine();
+    ASSERT_NE(engine, nullptr);
+    running = tiny_server(engine);
+    ASSERT_NE(running, nullptr);
+    client = std::make_unique<httplib::Client>(running->client());
+  }
+  std::shared_ptr<Engine> engine;
+  std::unique_ptr<RunningServer> running;
+  std::unique_ptr<httplib::Client> client;
+};
+
 // POST `body` to `path`: the status and the answer's JSON (0 and null when there was no answer, a discarded value
 // when the answer is not JSON).
 std::pair<int, ojson> post_json(httplib::Client& client, const char* path, const ojson& body) {
@@ -597,12 +612,7 @@ std::vector<ojson> sse_data(const std::string& body) {
   return out;
 }
 
-TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
-  auto engine = tiny_engine();
-  ASSERT_NE(engine, nullptr);
-  auto running = tiny_server(engine);
-  ASSERT_NE(running, nullptr);
-  auto client = running->client();
+TEST_F(TinyServer, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
 
   const ojson messages = {{{"role", "user"}, {"content", "Once upon a time"}}};
   // The reference: the runtime API's own greedy answer to the same conversation.
@@ -615,7 +625,7 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   ASSERT_TRUE(expected.ok());
 
   const ojson body = {{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}};
-  auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  auto res = client->Post("/v1/chat/completions", body.dump(), "application/json");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
   const ojson r = ojson::parse(res->body);
@@ -625,7 +635,7 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
 
   ojson stream_body = body;
   stream_body["stream"] = true;
-  auto streamed = client.Post("/v1/chat/completions", stream_body.dump(), "application/json");
+  auto streamed = client->Post("/v1/chat/completions", stream_body.dump(), "application/json");
   ASSERT_TRUE(streamed);
   EXPECT_EQ(streamed->get_header_value("Content-Type"), "text/event-stream");
   std::string joined;
@@ -637,7 +647,7 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   // n = 2 at temperature 0: two copies of the greedy answer, the prompt counted once.
   ojson two = body;
   two["n"] = 2;
-  const auto [both, b] = post_json(client, "/v1/chat/completions", two);
+  const auto [both, b] = post_json(*client, "/v1/chat/completions", two);
   ASSERT_EQ(both, 200) << b.dump();
   ASSERT_EQ(b["choices"].size(), 2u);
   for (int i = 0; i < 2; ++i) {
@@ -648,45 +658,40 @@ TEST(Server, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
   EXPECT_EQ(b["usage"]["completion_tokens"], 2 * expected->stats.generated_tokens);
   // Sampled with a seed: choice i is the single choice of seed + i, and the request repeats.
   ojson sampled = {{"messages", messages}, {"max_tokens", 12}, {"temperature", 1.0}, {"seed", 41}, {"n", 3}};
-  const ojson f = post_json(client, "/v1/chat/completions", sampled).second;
+  const ojson f = post_json(*client, "/v1/chat/completions", sampled).second;
   ASSERT_EQ(f["choices"].size(), 3u);
-  EXPECT_EQ(f["choices"], post_json(client, "/v1/chat/completions", sampled).second["choices"]);
+  EXPECT_EQ(f["choices"], post_json(*client, "/v1/chat/completions", sampled).second["choices"]);
   for (int i = 0; i < 3; ++i) {
     ojson one = sampled;
     one["n"] = 1;
     one["seed"] = 41 + i;
-    EXPECT_EQ(post_json(client, "/v1/chat/completions", one).second["choices"][0]["message"], f["choices"][i]["message"])
+    EXPECT_EQ(post_json(*client, "/v1/chat/completions", one).second["choices"][0]["message"], f["choices"][i]["message"])
         << "choice " << i;
   }
 
   // Bad requests get JSON errors and the server goes on.
-  auto bad = client.Post("/v1/chat/completions", "{\"messages\": 1}", "application/json");
+  auto bad = client->Post("/v1/chat/completions", "{\"messages\": 1}", "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(ojson::parse(bad->body)["error"]["param"], "messages");
-  auto missing = client.Get("/v1/nothing");
+  auto missing = client->Get("/v1/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
   EXPECT_TRUE(ojson::parse(missing->body).contains("error"));
   // A conversation longer than the context: a 400 naming the context, not a crash.
   ojson long_body = {{"messages", {{{"role", "user"}, {"content", std::string(4000, 'x') + " y"}}}}, {"max_tokens", 4}};
   for (int i = 0; i < 3; ++i) long_body["messages"][0]["content"] = long_body["messages"][0]["content"].get<std::string>() + " a b c d e f g";
-  auto too_long = client.Post("/v1/chat/completions", long_body.dump(), "application/json");
+  auto too_long = client->Post("/v1/chat/completions", long_body.dump(), "application/json");
   ASSERT_TRUE(too_long);
   EXPECT_EQ(too_long->status, 400) << too_long->body;
   EXPECT_NE(too_long->body.find("Context Size was exceeded"), std::string::npos);
-  auto again = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  auto again = client->Post("/v1/chat/completions", body.dump(), "application/json");
   ASSERT_TRUE(again);
   EXPECT_EQ(ojson::parse(again->body)["choices"][0]["message"]["content"], expected->text);
 }
 
 // POST /v1/completions: a raw prompt, no template; the answer equals the runtime API's for the prompt's tokens.
-TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
-  auto engine = tiny_engine();
-  ASSERT_NE(engine, nullptr);
-  auto running = tiny_server(engine);
-  ASSERT_NE(running, nullptr);
-  auto client = running->client();
+TEST_F(TinyServer, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
 
   auto tokens = engine->tokenizer()->encode("The history of", EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
   ASSERT_TRUE(tokens.ok());
@@ -700,7 +705,7 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
 
   for (const ojson& prompt : {ojson("The history of"), ojson(*tokens)}) {
     const ojson body = {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
-    auto res = client.Post("/v1/completions", body.dump(), "application/json");
+    auto res = client->Post("/v1/completions", body.dump(), "application/json");
     ASSERT_TRUE(res);
     ASSERT_EQ(res->status, 200) << res->body;
     const ojson r = ojson::parse(res->body);
@@ -712,7 +717,7 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   // A prompt that already starts with BOS does not get a second one.
   const ojson with_bos = {{"prompt", "<|begin_of_text|>The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"echo", true}};
   if (engine->tokenizer()->bos_id()) {
-    auto res = client.Post("/v1/completions", with_bos.dump(), "application/json");
+    auto res = client->Post("/v1/completions", with_bos.dump(), "application/json");
     ASSERT_TRUE(res);
     const ojson r = ojson::parse(res->body);
     EXPECT_EQ(r["usage"]["prompt_tokens"], static_cast<int64_t>(tokens->size()));
@@ -720,7 +725,7 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   }
   // n = 2 with echo and logprobs: each choice holds the prompt and its log-probabilities (computed once).
   const ojson two = {{"prompt", "The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}, {"n", 2}};
-  const auto [both, b] = post_json(client, "/v1/completions", two);
+  const auto [both, b] = post_json(*client, "/v1/completions", two);
   ASSERT_EQ(both, 200) << b.dump();
   ASSERT_EQ(b["choices"].size(), 2u);
   for (int i = 0; i < 2; ++i) {
@@ -731,7 +736,7 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
   EXPECT_EQ(b["choices"][0]["logprobs"], b["choices"][1]["logprobs"]);
   EXPECT_EQ(b["usage"]["completion_tokens"], 2 * expected->stats.generated_tokens);
   ojson stream_body = {{"prompt", "The history of"}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}};
-  auto streamed = client.Post("/v1/completions", stream_body.dump(), "application/json");
+  auto streamed = client->Post("/v1/completions", stream_body.dump(), "application/json");
   ASSERT_TRUE(streamed);
   std::string joined;
   for (const ojson& e : sse_data(streamed->body)) joined += e["choices"][0]["text"].get<std::string>();
@@ -742,7 +747,7 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
       {R"({"prompt": "x", "logprobs": 1, "echo": true, "stream": true})", "logprobs"},
       {R"({"prompt": "x", "suffix": "y"})", "suffix"}, {R"({"prompt": "x", "best_of": 2})", "best_of"}};
   for (const auto& [bad, param] : bad_requests) {
-    auto res = client.Post("/v1/completions", bad, "application/json");
+    auto res = client->Post("/v1/completions", bad, "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 400) << bad << " " << res->body;
     EXPECT_EQ(ojson::parse(res->body)["error"]["param"], param) << res->body;
@@ -750,18 +755,13 @@ TEST(Server, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
 }
 
 // POST /tokenize and /detokenize (llama.cpp's and vLLM's shapes): the model's tokenizer, ids as the runtime's.
-TEST(Server, TokenizeAndDetokenizeUseTheModelsTokenizer) {
-  auto engine = tiny_engine();
-  ASSERT_NE(engine, nullptr);
-  auto running = tiny_server(engine);
-  ASSERT_NE(running, nullptr);
-  auto client = running->client();
+TEST_F(TinyServer, TokenizeAndDetokenizeUseTheModelsTokenizer) {
   const std::string text = "The history of <|eot_id|> tea";
   auto plain = engine->tokenizer()->encode(text, EncodeOptions{.add_special = false, .parse_special = true, .untrusted_ranges = {}});
   auto with_bos = engine->tokenizer()->encode(text, EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
   auto literal = engine->tokenizer()->encode(text, EncodeOptions{.add_special = false, .parse_special = false, .untrusted_ranges = {}});
   ASSERT_TRUE(plain.ok() && with_bos.ok() && literal.ok());
-  auto post = [&](const char* path, const ojson& body) { return post_json(client, path, body); };
+  auto post = [&](const char* path, const ojson& body) { return post_json(*client, path, body); };
   // llama.cpp: "content", no special tokens added unless asked; vLLM: "prompt", added unless told not to.
   auto [s1, r1] = post("/tokenize", {{"content", text}});
   EXPECT_EQ(s1, 200);
@@ -799,12 +799,7 @@ TEST(Server, TokenizeAndDetokenizeUseTheModelsTokenizer) {
 // transformers' logits for the parity tokens (tests/data/parity, made by make_parity_fixtures.py), the way a
 // scoring harness (lm-evaluation-harness) asks for a text's likelihood; chat logprobs stream as they come and
 // equal the whole answer's.
-TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
-  auto engine = tiny_engine();
-  ASSERT_NE(engine, nullptr);
-  auto running = tiny_server(engine);
-  ASSERT_NE(running, nullptr);
-  auto client = running->client();
+TEST_F(TinyServer, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
 
   std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
   tokens.resize(40);
@@ -819,7 +814,7 @@ TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
     return double(row[token]) - max - std::log(sum);
   };
   const ojson body = {{"prompt", tokens}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 3}, {"temperature", 0}};
-  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  auto res = client->Post("/v1/completions", body.dump(), "application/json");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
   const ojson choice = ojson::parse(res->body)["choices"][0];
@@ -856,7 +851,7 @@ TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
   // Chat: one entry a generated token, bytes that spell the token, streamed entries the same as the whole.
   const ojson chat = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"max_tokens", 8},
                       {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
-  auto whole = client.Post("/v1/chat/completions", chat.dump(), "application/json");
+  auto whole = client->Post("/v1/chat/completions", chat.dump(), "application/json");
   ASSERT_TRUE(whole);
   ASSERT_EQ(whole->status, 200) << whole->body;
   const ojson r = ojson::parse(whole->body);
@@ -871,7 +866,7 @@ TEST(Server, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
   }
   ojson stream_body = chat;
   stream_body["stream"] = true;
-  auto streamed = client.Post("/v1/chat/completions", stream_body.dump(), "application/json");
+  auto streamed = client->Post("/v1/chat/completions", stream_body.dump(), "application/json");
   ASSERT_TRUE(streamed);
   ojson joined = ojson::array();
   for (const ojson& e : sse_data(streamed->body)) {
