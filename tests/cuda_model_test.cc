@@ -362,6 +362,15 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions atomic = split;
   atomic.decode_atomic_reduce = true;  // split-K sums by atomics (all but layer 0's q/k/v): an order varying by run
   expect_close(atomic, "atomic split-K");
+  // The attention computed inside o's launch (Hopper and later; elsewhere the option falls back to the attention
+  // kernel): o's 2 row tiles a cluster, then one (each block all of a head's chunks), then with ordered sums.
+  CudaModelOptions in_o = atomic;
+  in_o.decode_attention_in_o = true;
+  expect_close(in_o, "attention in o");
+  in_o.decode_attention_in_o_cluster = 1;
+  expect_close(in_o, "attention in o, clusters of 1");
+  in_o.decode_atomic_reduce = false;
+  expect_close(in_o, "attention in o, ordered sums");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

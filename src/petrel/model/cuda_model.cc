@@ -329,6 +329,30 @@ struct CudaModel::State {
     return o;
   }
 
+  // Whether layer w's o projection takes the attention as its input (CudaModelOptions::decode_attention_in_o).
+  bool attention_in_o_fits(const DeviceLayer& w) const {
+    return options.decode_attention_in_o &&
+           cuda::gemv_gptq_attention_supported(w.o_proj.quantized.view(), attention_in_o_operands(keys.as<uint16_t>(),
+                                                                                                  values.as<uint16_t>()))
+               .ok();
+  }
+  cuda::GemvAttention attention_in_o_operands(uint16_t* layer_keys, uint16_t* layer_values) const {
+    const LlamaConfig& c = config;
+    cuda::GemvAttention a;
+    a.q = q.as<float>();
+    a.k = k.as<float>();
+    a.v = v.as<float>();
+    a.inv_freq = inv_freq.as<float>();
+    a.position = step_input.as<int32_t>() + 1;
+    a.key_cache = layer_keys;
+    a.value_cache = layer_values;
+    a.n_heads = c.num_attention_heads;
+    a.n_kv_heads = c.num_key_value_heads;
+    a.head_dim = c.head_dim;
+    a.cluster_blocks = options.decode_attention_in_o_cluster;
+    return a;
+  }
+
   Status enqueue_fused_step(bool with_final_norm) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -374,14 +398,19 @@ struct CudaModel::State {
                                                        for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
-      if (!(skip & CudaModelOptions::kSkipAttention)) {
+      // The attention inside o's launch (CudaModelOptions::decode_attention_in_o) or a launch of its own.
+      cuda::GemvFusion add_to_residual;
+      add_to_residual.residual = residual;
+      const bool attention_in_o = attention_in_o_fits(w) && !(skip & CudaModelOptions::kSkipAttention);
+      if (attention_in_o) {
+        add_to_residual.input = cuda::GemvInput::kAttention;
+        add_to_residual.attention = attention_in_o_operands(layer_keys, layer_values);
+      } else if (!(skip & CudaModelOptions::kSkipAttention)) {
         PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
                                                            pos, layer_keys, layer_values, attention,
                                                            attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
                                                            attn.as<float>(), s, overlap));
       }
-      cuda::GemvFusion add_to_residual;
-      add_to_residual.residual = residual;
       if (!(skip & CudaModelOptions::kSkipO)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.o, options.decode_l2_prefetch.o),
