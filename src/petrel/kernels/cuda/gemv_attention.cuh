@@ -55,6 +55,7 @@ struct GemvAttentionArgs {
 inline constexpr int kAttentionChunk = 32;  // positions a chunk: one a lane
 inline constexpr int kAttentionMaxPairs = 2;  // RoPE pairs a lane: head_dim / 2 <= 64
 inline constexpr int kAttentionMaxDims = 4;   // value dims a lane: head_dim / 32 <= 4
+inline constexpr int kMaxCluster = 8;         // blocks a cluster at most (portable cluster sizes)
 
 // The attention's shared memory, bytes from GemvAttentionArgs::shared_offset (each part 16-byte aligned): the
 // rotated queries (float32 [group][head_dim]), one chunk of key rows (fp16, padded by 16 bytes so that the 8
@@ -116,12 +117,27 @@ class ClusterAttention {
     const int used = min(a_.cluster, chunks_);  // blocks with chunks; their states in rank order
     for (int word = threadIdx.x; word < slice_words; word += blockDim.x) {
       const int g = 8 * word / a_.head_dim, d0 = 8 * word % a_.head_dim;
+      // Unrolled over the cluster's largest size with predicates, so that the loads of all ranks go out together
+      // (one distributed shared memory round trip for the maxima and sums, one for the values).
+      float ms[kMaxCluster], ls[kMaxCluster];
       float m = -INFINITY;
-      for (int r = 0; r < used; ++r) m = fmaxf(m, *cluster.map_shared_rank(max_state() + g, r));
+#pragma unroll
+      for (int r = 0; r < kMaxCluster; ++r) {
+        if (r < used) {
+          ms[r] = *cluster.map_shared_rank(max_state() + g, r);
+          ls[r] = *cluster.map_shared_rank(sum_state() + g, r);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kMaxCluster; ++r) {
+        if (r < used) m = fmaxf(m, ms[r]);
+      }
       float l = 0.0f, x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int r = 0; r < used; ++r) {
-        const float w = expf(*cluster.map_shared_rank(max_state() + g, r) - m);
-        l = fmaf(*cluster.map_shared_rank(sum_state() + g, r), w, l);
+#pragma unroll
+      for (int r = 0; r < kMaxCluster; ++r) {
+        if (r >= used) break;
+        const float w = expf(ms[r] - m);
+        l = fmaf(ls[r], w, l);
         const float4* acc = reinterpret_cast<const float4*>(cluster.map_shared_rank(acc_state() + g * a_.head_dim + d0, r));
         const float4 lo = acc[0], hi = acc[1];
         x[0] = fmaf(lo.x, w, x[0]);

@@ -1256,7 +1256,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
     aa.group = static_cast<int>(at.n_heads / at.n_kv_heads);
     aa.scale = 1.0f / std::sqrt(static_cast<float>(at.head_dim));
     // The cluster: at most cluster_blocks (and 8) row tiles, a divisor of the row tiles.
-    int cluster = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(at.cluster_blocks, plan.row_blocks), 1, 8));
+    int cluster = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(at.cluster_blocks, plan.row_blocks), 1, kMaxCluster));
     while (plan.row_blocks % cluster != 0) --cluster;
     aa.cluster = cluster;
     aa.shared_offset = static_cast<int>(shared);
