@@ -371,6 +371,8 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   expect_close(in_o, "attention in o, clusters of 1");
   in_o.decode_atomic_reduce = false;
   expect_close(in_o, "attention in o, ordered sums");
+  in_o.decode_attention_in_o_below = 5;  // positions 0-4 in o's launch, then the attention kernel (a second graph)
+  expect_close(in_o, "attention in o below position 5");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

@@ -215,8 +215,10 @@ struct CudaModel::State {
   // The decode step as graphs, each captured at its first use (create()'s warm-up makes all three): without the
   // LM head (StepOutput::kNormed), with the LM head and the logits to the host (kLogits), with the LM head and
   // its top_graph_k() largest logits (kTop; decode_top's k is a prefix of them, so one graph serves every k and
-  // no sampler setting captures a graph in the middle of a generation).
-  cuda::CudaGraph step_graph, logits_graph, top_graph;
+  // no sampler setting captures a graph in the middle of a generation). Index 1: the step with the attention
+  // inside o's launch (CudaModelOptions::decode_attention_in_o, below decode_attention_in_o_below positions).
+  cuda::CudaGraph step_graph[2], logits_graph[2], top_graph[2];
+  bool in_o_step = false;  // the step being enqueued takes the attention inside o (run_step)
 
   DeviceEmbedding embed;
   std::vector<DeviceLayer> layers;
@@ -331,7 +333,7 @@ struct CudaModel::State {
 
   // Whether layer w's o projection takes the attention as its input (CudaModelOptions::decode_attention_in_o).
   bool attention_in_o_fits(const DeviceLayer& w) const {
-    return options.decode_attention_in_o &&
+    return in_o_step &&
            cuda::gemv_gptq_attention_supported(w.o_proj.quantized.view(), attention_in_o_operands(keys.as<uint16_t>(),
                                                                                                   values.as<uint16_t>()))
                .ok();
@@ -896,10 +898,15 @@ struct CudaModel::State {
   // enqueue_decode, replayed from its graph (captured at the first use of each output and k) unless
   // options.use_graph is off.
   Status run_step(StepOutput output, int top_k) {
+    const int variant = options.decode_attention_in_o &&
+                                (options.decode_attention_in_o_below <= 0 || position < options.decode_attention_in_o_below)
+                            ? 1
+                            : 0;
+    in_o_step = variant == 1;
     if (!options.use_graph) return enqueue_decode(output, top_k);
-    cuda::CudaGraph& graph = output == StepOutput::kNormed   ? step_graph
-                             : output == StepOutput::kLogits ? logits_graph
-                                                             : top_graph;
+    cuda::CudaGraph& graph = output == StepOutput::kNormed   ? step_graph[variant]
+                             : output == StepOutput::kLogits ? logits_graph[variant]
+                                                             : top_graph[variant];
     if (graph.empty()) {
       PETREL_RETURN_IF_ERROR(cuda::CudaGraph::begin_capture(stream.get()));
       Status enqueued = enqueue_decode(output, top_k);

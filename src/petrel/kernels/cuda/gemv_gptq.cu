@@ -104,6 +104,11 @@
 // + sum, in place: the last block of a split-K row range, or the writer when there is no split). Numerics
 // are those of norm.cu and elementwise.cu, except the sum of squares' order.
 //
+// The attention input (GemvInput::kAttention, gemv_attention.cuh; CudaModelOptions::decode_attention_in_o,
+// experimental): the o projection's launch computes the token's attention itself instead of reading it, one
+// input slice a KV head, the row tiles of a slice in thread-block clusters that share the head's attention;
+// its own build (122 registers), the other builds' code and parameter offsets unchanged.
+//
 // Overlap with the previous kernel (GemvOptions::overlap_previous, programmatic dependent launch,
 // programmatic_launch.cuh). A block first lets the next kernel launch, then issues what depends on nothing
 // earlier: its first two batches of weight loads (8 steps a thread, in registers), its group's scales and
