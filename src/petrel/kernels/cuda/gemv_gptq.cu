@@ -577,7 +577,9 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
   stamp(0);
-  allow_dependent_launch();
+  // kAttention: the next kernel (gate/up) launches only once this block has waited (below), as after the
+  // attention kernel it replaces (attention.cu's warm build), not while q/k/v still streams.
+  if constexpr (!kAttention) allow_dependent_launch();
   const int row_tiles = kBatched ? a.row_tiles : 1;
   const int first_tile = static_cast<int>(blockIdx.x) * row_tiles;
   const Slice slice = block_slice(a);
@@ -684,6 +686,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // Everything above reads only weights; x is the previous kernel's output.
   stamp(5);  // every load, prefetch and copy above issued
   wait_for_previous_kernel();
+  if constexpr (kAttention) allow_dependent_launch();
   stamp(1);
   if constexpr (kTimeline && kBits == 4 && kInput == GemvInput::kPlain) {  // diagnostic (timeline.h): o's chain left out
     if (probe & kProbePlainGemvStopAfterWait) {
