@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "petrel/kernels/cuda/async_copy.cuh"
+#include "petrel/kernels/cuda/attention_math.cuh"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/rope_math.cuh"
 
@@ -265,26 +266,7 @@ class ClusterAttention {
         // Scores: lane `lane` takes position c0 + lane.
         float s = -INFINITY;
         if (lane < rows) {
-          const float4* q4 = reinterpret_cast<const float4*>(q_rows() + warp * a_.head_dim);
-          const uint4* key8 = reinterpret_cast<const uint4*>(key_rows() + lane * layout_.key_stride);
-          float d0 = 0.0f, d1 = 0.0f;
-          for (int b = 0; b < a_.head_dim / 8; ++b) {
-            const uint4 raw = key8[b];
-            const float4 qa = q4[2 * b], qb = q4[2 * b + 1];
-            const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&raw.x)),
-                         k1 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y)),
-                         k2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.z)),
-                         k3 = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
-            d0 = fmaf(qa.x, k0.x, d0);
-            d1 = fmaf(qa.y, k0.y, d1);
-            d0 = fmaf(qa.z, k1.x, d0);
-            d1 = fmaf(qa.w, k1.y, d1);
-            d0 = fmaf(qb.x, k2.x, d0);
-            d1 = fmaf(qb.y, k2.y, d1);
-            d0 = fmaf(qb.z, k3.x, d0);
-            d1 = fmaf(qb.w, k3.y, d1);
-          }
-          s = (d0 + d1) * a_.scale;
+          s = key_dot<true>(q_rows() + warp * a_.head_dim, key_rows() + lane * layout_.key_stride, a_.head_dim) * a_.scale;
         }
         float chunk_max = s;
         for (int offset = 16; offset > 0; offset /= 2) chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xFFFFFFFFu, chunk_max, offset));
