@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "petrel/kernels/cuda/attention.h"
@@ -475,6 +476,18 @@ TEST(KernelsCuda, DenseGemvMatchesReferenceInEveryDtype) {
   std::printf("[ cuda gemv_dense ] worst relative L2 %.3g\n", worst);
 }
 
+// q and k rotated at `position` by the CPU's RoPE (model/rope.h's angles, ref::apply_rope): the reference for the
+// kernels that rotate the token's query and key heads.
+std::pair<std::vector<float>, std::vector<float>> rope_reference(std::vector<float> q, std::vector<float> k,
+                                                                 const std::vector<float>& inv_freq, int64_t position,
+                                                                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+  std::vector<float> cos(head_dim / 2), sin(head_dim / 2);
+  rope_cos_sin(inv_freq, position, 1, cos.data(), sin.data());
+  ref::apply_rope(q.data(), 1, n_heads, head_dim, cos.data(), sin.data());
+  ref::apply_rope(k.data(), 1, n_kv_heads, head_dim, cos.data(), sin.data());
+  return {std::move(q), std::move(k)};
+}
+
 TEST(KernelsCuda, RopeRotatesAndStoresKeysAndValuesAtThePosition) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   std::mt19937 rng(24);
@@ -489,11 +502,7 @@ TEST(KernelsCuda, RopeRotatesAndStoresKeysAndValuesAtThePosition) {
     std::vector<float> q = random_floats(rng, c.n_heads * c.head_dim), k = random_floats(rng, kv_dim),
                        v = random_floats(rng, kv_dim);
     const std::vector<float> inv_freq = rope_inverse_frequencies(rope_config, c.head_dim);
-    std::vector<float> cos(c.head_dim / 2), sin(c.head_dim / 2);
-    rope_cos_sin(inv_freq, c.position, 1, cos.data(), sin.data());
-    std::vector<float> want_q = q, want_k = k;
-    ref::apply_rope(want_q.data(), 1, c.n_heads, c.head_dim, cos.data(), sin.data());
-    ref::apply_rope(want_k.data(), 1, c.n_kv_heads, c.head_dim, cos.data(), sin.data());
+    const auto [want_q, want_k] = rope_reference(q, k, inv_freq, c.position, c.n_heads, c.n_kv_heads, c.head_dim);
 
     cuda::DeviceBuffer q_dev = to_device(q.data(), q.size() * 4), k_dev = to_device(k.data(), k.size() * 4),
                        v_dev = to_device(v.data(), v.size() * 4), f_dev = to_device(inv_freq.data(), inv_freq.size() * 4);
@@ -1312,11 +1321,7 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
       StoredFloats keys = store_as(random_floats(mode_rng, c.context * kv_dim), DType::kF16);
       StoredFloats values = store_as(random_floats(mode_rng, c.context * kv_dim), DType::kF16);
       const std::vector<float> inv_freq = rope_inverse_frequencies(rope_config, c.head_dim);
-      std::vector<float> cos(c.head_dim / 2), sin(c.head_dim / 2);
-      rope_cos_sin(inv_freq, c.position, 1, cos.data(), sin.data());
-      std::vector<float> want_q = q, want_k = k;
-      ref::apply_rope(want_q.data(), 1, c.n_heads, c.head_dim, cos.data(), sin.data());
-      ref::apply_rope(want_k.data(), 1, c.n_kv_heads, c.head_dim, cos.data(), sin.data());
+      const auto [want_q, want_k] = rope_reference(q, k, inv_freq, c.position, c.n_heads, c.n_kv_heads, c.head_dim);
 
       cuda::DeviceBuffer q_dev = to_device(q.data(), q.size() * 4), k_dev = to_device(k.data(), k.size() * 4),
                          v_dev = to_device(v.data(), v.size() * 4), f_dev = to_device(inv_freq.data(), inv_freq.size() * 4),
@@ -1407,11 +1412,7 @@ TEST(KernelsCuda, GemvAttentionInputMatchesAttentionThenProjection) {
     const StoredFloats keys = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
     const StoredFloats values = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
     const std::vector<float> inv_freq = rope_inverse_frequencies(rope_config, c.head_dim);
-    std::vector<float> cos(c.head_dim / 2), sin(c.head_dim / 2);
-    rope_cos_sin(inv_freq, c.position, 1, cos.data(), sin.data());
-    std::vector<float> want_q = q, want_k = k;
-    ref::apply_rope(want_q.data(), 1, c.n_heads, c.head_dim, cos.data(), sin.data());
-    ref::apply_rope(want_k.data(), 1, c.n_kv_heads, c.head_dim, cos.data(), sin.data());
+    const auto [want_q, want_k] = rope_reference(q, k, inv_freq, c.position, c.n_heads, c.n_kv_heads, c.head_dim);
     cuda::DeviceBuffer q_dev = to_device(q.data(), q.size() * 4), k_dev = to_device(k.data(), k.size() * 4),
                        v_dev = to_device(v.data(), v.size() * 4), f_dev = to_device(inv_freq.data(), inv_freq.size() * 4);
     const int32_t position = static_cast<int32_t>(c.position);
