@@ -57,7 +57,8 @@
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 //   any of them with "-ainN" (before "-ctxN"): the attention computed inside o's launch, N row tiles of o a
 //                     thread-block cluster sharing a KV head's attention (CudaModelOptions::decode_attention_in_o;
-//                     N <= 8), e.g. fused-ain8, fused-ain4
+//                     N <= 8), e.g. fused-ain8, fused-ain4; "-anlN" before it: when gate/up may launch (0 after
+//                     o's wait, 1 after the attention's merge, 2 at o's start; decode_attention_in_o_next_launch)
 //   any of them with "-attnbN" (before "-ainN"): the fused attention kernel in at most N blocks a KV head
 //                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
@@ -260,6 +261,8 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   if (int64_t cluster = 0; take_number_suffix(base, "-ain", 1, &cluster)) {
     o.decode_attention_in_o = true;
     o.decode_attention_in_o_cluster = static_cast<int>(cluster);
+    // "-anlN" (before "-ainN"): when gate/up may launch (CudaModelOptions::decode_attention_in_o_next_launch).
+    if (int64_t next = 0; take_number_suffix(base, "-anl", 1, &next)) o.decode_attention_in_o_next_launch = static_cast<int>(next);
   }
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
   take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);

@@ -352,6 +352,7 @@ struct CudaModel::State {
     a.n_kv_heads = c.num_key_value_heads;
     a.head_dim = c.head_dim;
     a.cluster_blocks = options.decode_attention_in_o_cluster;
+    a.next_launch = options.decode_attention_in_o_next_launch;
     return a;
   }
 

@@ -137,6 +137,7 @@ struct CudaModelOptions {
   bool decode_attention_in_o = false;
   int64_t decode_attention_in_o_below = 1024;
   int decode_attention_in_o_cluster = 8;  // row tiles of o a cluster (cuda::GemvAttention::cluster_blocks)
+  int decode_attention_in_o_next_launch = 0;  // when gate/up may launch (cuda::GemvAttention::NextLaunch)
   // Diagnostic only (the step's outputs are then wrong): launches of the fused step left out, a bit per phase of
   // every layer (kSkipQkv ... kSkipDown). What the step loses without a phase is that phase's marginal cost in
   // the overlapped pipeline: the most that fusing it away or speeding it up could give (bench suffix -skipN;

@@ -51,6 +51,7 @@ struct GemvAttentionArgs {
   int cluster;  // blocks a cluster along the row tiles; 0: not an attention launch
   float scale;  // 1 / sqrt(head_dim)
   int shared_offset;  // bytes of dynamic shared memory before the attention's (the GEMV's staged x)
+  int next_launch;    // GemvAttention::NextLaunch: when the next kernel may launch
 };
 
 inline constexpr int kAttentionChunk = 32;  // positions a chunk: one a lane

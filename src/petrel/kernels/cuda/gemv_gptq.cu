@@ -579,7 +579,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   stamp(0);
   // kAttention: the next kernel (gate/up) launches only once this block has waited (below), as after the
   // attention kernel it replaces (attention.cu's warm build), not while q/k/v still streams.
-  if constexpr (!kAttention) allow_dependent_launch();
+  if (!kAttention || a.attention.next_launch == GemvAttention::kNextAtStart) allow_dependent_launch();
   const int row_tiles = kBatched ? a.row_tiles : 1;
   const int first_tile = static_cast<int>(blockIdx.x) * row_tiles;
   const Slice slice = block_slice(a);
@@ -686,7 +686,9 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // Everything above reads only weights; x is the previous kernel's output.
   stamp(5);  // every load, prefetch and copy above issued
   wait_for_previous_kernel();
-  if constexpr (kAttention) allow_dependent_launch();
+  if constexpr (kAttention) {
+    if (a.attention.next_launch == GemvAttention::kNextAfterWait) allow_dependent_launch();
+  }
   stamp(1);
   if constexpr (kTimeline && kBits == 4 && kInput == GemvInput::kPlain) {  // diagnostic (timeline.h): o's chain left out
     if (probe & kProbePlainGemvStopAfterWait) {
@@ -756,6 +758,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   } else if constexpr (kAttention) {
     attention.run(reinterpret_cast<uint4*>(x_staged));
+    if (a.attention.next_launch == GemvAttention::kNextAfterMerge) allow_dependent_launch();
   } else {
     for (int i = threadIdx.x; i < slice.steps * kWordsPerStep; i += kThreads) {
       const int64_t word = slice.first_word + i;
@@ -1268,6 +1271,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
     while (plan.row_blocks % cluster != 0) --cluster;
     aa.cluster = cluster;
     aa.shared_offset = static_cast<int>(shared);
+    aa.next_launch = at.next_launch;
     shared += static_cast<size_t>(gemv_attention_layout(aa.group, aa.head_dim).total);
   }
   if (shared > static_cast<size_t>(GemvPlan::kMaxBatchSharedBytes)) {

@@ -130,6 +130,12 @@ struct GemvAttention {
   // Row tiles a cluster (the blocks that share one KV head's attention, each position chunk computed by one
   // of them); at most 8 (portable clusters), reduced to a divisor of the row tiles.
   int cluster_blocks = 8;
+  // When the next kernel (gate/up) may launch: kNextAfterWait once this launch's block has waited for q/k/v (as
+  // after the attention kernel it replaces), kNextAfterMerge once the block's attention input is staged (its
+  // blocks then do not take SMs or bandwidth while the attention's chain runs), kNextAtStart at the block's start
+  // (as the other GEMV builds).
+  enum NextLaunch : int { kNextAfterWait = 0, kNextAfterMerge = 1, kNextAtStart = 2 };
+  int next_launch = kNextAfterWait;
 };
 
 struct GemvFusion {
