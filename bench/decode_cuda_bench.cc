@@ -55,11 +55,7 @@
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
-//   any of them with "-ainN" (before "-ctxN"): the attention computed inside o's launch, N row tiles of o a
-//                     thread-block cluster sharing a KV head's attention (CudaModelOptions::decode_attention_in_o;
-//                     N <= 8), e.g. fused-ain8, fused-ain4; "-anlN" before it: when gate/up may launch (0 after
-//                     o's wait, 1 after the attention's merge, 2 at o's start; decode_attention_in_o_next_launch)
-//   any of them with "-attnbN" (before "-ainN"): the fused attention kernel in at most N blocks a KV head
+//   any of them with "-attnbN" (before "-ctxN"): the fused attention kernel in at most N blocks a KV head
 //                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
 //                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
@@ -257,13 +253,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
-  // "-ainN": the attention inside o's launch, clusters of N row tiles (CudaModelOptions::decode_attention_in_o).
-  if (int64_t cluster = 0; take_number_suffix(base, "-ain", 1, &cluster)) {
-    o.decode_attention_in_o = true;
-    o.decode_attention_in_o_cluster = static_cast<int>(cluster);
-    // "-anlN" (before "-ainN"): when gate/up may launch (CudaModelOptions::decode_attention_in_o_next_launch).
-    if (int64_t next = 0; take_number_suffix(base, "-anl", 1, &next)) o.decode_attention_in_o_next_launch = static_cast<int>(next);
-  }
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
   take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);
   // "-skipN" (diagnostic: wrong outputs): the fused step without the phases of bit mask N

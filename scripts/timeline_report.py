@@ -31,17 +31,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-KIND_NAMES = {0x41: "4-bit norm", 0x40: "4-bit", 0x42: "4-bit silu", 0x43: "4-bit attention input", 0x81: "8-bit norm",
-              0x80: "8-bit", 0x100: "attention"}
+KIND_NAMES = {0x41: "4-bit norm", 0x40: "4-bit", 0x42: "4-bit silu", 0x81: "8-bit norm", 0x80: "8-bit", 0x100: "attention"}
 LAYER_ROLES = ["q/k/v", "attention", "o", "gate/up", "down"]
-# With the attention inside o's launch (CudaModelOptions::decode_attention_in_o: kind 0x43), four launches a layer.
-IN_O_ROLES = ["q/k/v", "attention + o", "gate/up", "down"]
-ALL_ROLES = LAYER_ROLES + IN_O_ROLES[1:2]
-
-
-def layer_roles(kinds, start):
-    """The roles of the layer whose q/k/v launch is kinds[start]."""
-    return IN_O_ROLES if kinds[start + 1] == 0x43 else LAYER_ROLES
 
 
 def launches_of(rows):
@@ -129,8 +120,8 @@ def main(argv):
     for (variant, group, step), rows in sorted(steps.items()):
         launches = launches_of(rows)
         kinds = [l["kind"] for l in launches]
-        # Layers: q/k/v (4-bit norm) followed by attention, or by o with the attention inside (0x43).
-        starts = [i for i in range(len(kinds) - 1) if kinds[i] == 0x41 and kinds[i + 1] in (0x100, 0x43)]
+        # Layers: q/k/v (4-bit norm) followed by attention.
+        starts = [i for i in range(len(kinds) - 1) if kinds[i] == 0x41 and kinds[i + 1] == 0x100]
         if len(starts) < 4:
             print(f"{variant} g{group} step {step}: {len(launches)} launches, no layer pattern; kinds {kinds[:12]}")
             continue
@@ -145,18 +136,16 @@ def main(argv):
             prev_end = s["abs_end"]
         middle = starts[2:-2] if len(starts) > 8 else starts[1:-1]
         for li in middle:
-            roles = layer_roles(kinds, li)
-            for k, role in enumerate(roles):
+            for k, role in enumerate(LAYER_ROLES):
                 per_config[key][role].append(launches[li + k]["stat"])
-            layer_times[key].append(ends[li + len(roles) - 1] - ends[li - 1])
-        tail = launches[starts[-1] + len(layer_roles(kinds, starts[-1])):]
+            layer_times[key].append(ends[li + 4] - ends[li - 1])
+        tail = launches[starts[-1] + 5:]
         for l in tail:
             per_config[key]["after the layers: " + KIND_NAMES.get(l["kind"], hex(l["kind"]))].append(l["stat"])
         if bins and key not in sample_layer:
             li = middle[len(middle) // 2]
-            roles = layer_roles(kinds, li)
-            t_begin, t_end = ends[li - 1], ends[li + len(roles) - 1]
-            sample_layer[key] = (t_begin, t_end, [launches[li + k] for k in range(len(roles))], roles)
+            t_begin, t_end = ends[li - 1], ends[li + 4]
+            sample_layer[key] = (t_begin, t_end, [launches[li + k] for k in range(5)])
     for key, roles in per_config.items():
         variant, group = key
         med = statistics.median
@@ -167,20 +156,20 @@ def main(argv):
         total = 0.0
         for role, stats in roles.items():
             m = {k: med([s[k] for s in stats]) for k in stats[0] if k not in ("extra", "issue")}
-            if role in ALL_ROLES:
+            if role in LAYER_ROLES:
                 total += m["end"]
             blocks = f"{m['working']:.0f}/{m['blocks']:.0f}" if m["working"] != m["blocks"] else f"{m['blocks']:.0f}"
             gbs = m["bytes"] / (m["end"] * 1e3) if m["bytes"] and m["end"] > 0 else 0
             epilogue = "-" if role == "attention" else f"{m['epilogue']:.2f}"  # its "loop" stamp is not a loop end
             print(f"| {role} | {blocks} | {m['sms']:.0f} | {m['first_in']:.2f} | {m['last_in']:.2f} | {m['released']:.2f} | {m['staged_med']:.2f} / {m['staged']:.2f} | "
                   f"{m['loop_med']:.2f} / {m['loop']:.2f} | {m['end']:.2f} | {epilogue} | {gbs:.0f} |")
-        print(f"\nsum of the layer's shares: {total:.2f} us")
+        print(f"\nsum of the layer's five shares: {total:.2f} us")
         norms = [f"{role} {med([s_['extra'][0] for s_ in roles[role]]):.2f}" for role in ("q/k/v", "gate/up")
                  if role in roles and all("extra" in s_ for s_ in roles[role])]
         if norms:
             print("RMSNorm inputs, median block's sum of squares done (x read and reduced) after the kernel before: " + ", ".join(norms) + " us")
         issue = [f"{role} {med([s_['issue'][0] for s_ in roles[role]]):.2f} / {med([s_['issue'][1] for s_ in roles[role]]):.2f} / "
-                 f"{med([s_['issue'][2] for s_ in roles[role]]):.2f}" for role in ALL_ROLES
+                 f"{med([s_['issue'][2] for s_ in roles[role]]):.2f}" for role in LAYER_ROLES
                  if role in roles and all("issue" in s_ for s_ in roles[role])]
         if issue:
             print("GEMV blocks' loads issued before the wait (t5 - start: median / slowest block; the first block past the wait "
@@ -191,7 +180,7 @@ def main(argv):
             print(f"attention's working blocks, medians after q/k/v's end: first round's scores {e[0]:.2f}, its values "
                   f"{e[1]:.2f}, all rounds {e[2]:.2f}, slots merged and written {e[3]:.2f} us")
         if key in sample_layer:
-            t_begin, t_end, ls, layer_role_names = sample_layer[key]
+            t_begin, t_end, ls = sample_layer[key]
             width = (t_end - t_begin) / bins
             streamed = [0.0] * bins
 
@@ -224,7 +213,7 @@ def main(argv):
             print(f"bins under 1 TB/s: {idle} of {bins} ({100.0 * idle / bins:.0f}% of the layer)")
             marks = []
             for k, l in enumerate(ls):
-                marks.append(f"{layer_role_names[k]} ends {(l['stat']['abs_end'] - t_begin):.1f}")
+                marks.append(f"{LAYER_ROLES[k]} ends {(l['stat']['abs_end'] - t_begin):.1f}")
             print("; ".join(marks))
     return 0
 

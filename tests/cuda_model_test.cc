@@ -14,7 +14,6 @@
 
 #include "petrel/io/npy.h"
 #include "petrel/kernels/cuda/device.h"
-#include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/model/cuda_model.h"
 #include "petrel/model/llama.h"
 #include "petrel/quant/quantize_checkpoint.h"
@@ -363,22 +362,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions atomic = split;
   atomic.decode_atomic_reduce = true;  // split-K sums by atomics (all but layer 0's q/k/v): an order varying by run
   expect_close(atomic, "atomic split-K");
-  // The attention computed inside o's launch (Hopper and later; elsewhere the option falls back to the attention
-  // kernel): o's 2 row tiles a cluster, then one (each block all of a head's chunks), gate/up's launch allowed
-  // later and earlier, then with ordered sums.
-  CudaModelOptions in_o = atomic;
-  in_o.decode_attention_in_o = true;
-  expect_close(in_o, "attention in o");
-  in_o.decode_attention_in_o_cluster = 1;
-  expect_close(in_o, "attention in o, clusters of 1");
-  in_o.decode_attention_in_o_next_launch = cuda::GemvAttention::kNextAfterMerge;  // gate/up launched later
-  expect_close(in_o, "attention in o, gate/up after the merge");
-  in_o.decode_attention_in_o_next_launch = cuda::GemvAttention::kNextAtStart;
-  expect_close(in_o, "attention in o, gate/up at o's start");
-  in_o.decode_atomic_reduce = false;
-  expect_close(in_o, "attention in o, ordered sums");
-  in_o.decode_attention_in_o_below = 5;  // positions 0-4 in o's launch, then the attention kernel (a second graph)
-  expect_close(in_o, "attention in o below position 5");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

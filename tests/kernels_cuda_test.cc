@@ -608,7 +608,6 @@ const char* input_name(cuda::GemvInput input) {
     case cuda::GemvInput::kPlain: return "plain";
     case cuda::GemvInput::kRmsNorm: return "rms_norm";
     case cuda::GemvInput::kSiluMul: return "silu_mul";
-    case cuda::GemvInput::kAttention: return "attention";
   }
   return "?";
 }
@@ -1372,109 +1371,6 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
   EXPECT_FALSE(cuda::decode_attention_rope(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                            cuda::DecodeAttentionShape{8, 2, 15, 8, 0}, nullptr, nullptr, nullptr).ok());
   std::printf("[ cuda attention + rope ] worst relative L2 %.3g (float32), %.3g (tensor cores)\n", worst, worst_mma);
-}
-
-// GemvInput::kAttention (the o projection with the token's attention computed in its launch, gemv_attention.cuh):
-// the caches' row `position` as decode_attention_rope stores it, the rest unchanged, and the residual plus o times
-// ref::attention's output (rounded to fp16, as o stages any input) within fp16-input tolerance; with several
-// chunks a block (positions past cluster x 32), clusters of 1 to 8 row tiles, group-wise and per-channel
-// weights, atomic and ordered split-K sums, overlapped. Shapes the kernel does not take are refused by name.
-TEST(KernelsCuda, GemvAttentionInputMatchesAttentionThenProjection) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  std::mt19937 rng(35);
-  auto workspace = cuda::GemvWorkspace::create();
-  ASSERT_TRUE(workspace.ok());
-  struct Case { int64_t n_heads, n_kv_heads, head_dim, position, context, group; int cluster; };
-  RopeConfig rope_config;
-  rope_config.theta = 500000.0;
-  double worst = 0;
-  bool checked_support = false;
-  for (const Case& c : {Case{32, 8, 128, 0, 4096, -1, 8}, Case{32, 8, 128, 63, 4096, -1, 8}, Case{32, 8, 128, 100, 4096, 128, 8},
-                        Case{32, 8, 128, 300, 4096, -1, 8}, Case{32, 8, 128, 1000, 1024, 128, 4}, Case{8, 2, 32, 0, 512, -1, 8},
-                        Case{8, 2, 32, 40, 512, 32, 8}, Case{8, 2, 32, 299, 512, -1, 1}, Case{16, 4, 64, 77, 256, 64, 8},
-                        Case{8, 8, 64, 31, 64, -1, 2}, Case{12, 4, 128, 64, 128, 128, 3}}) {
-    const int64_t kv_dim = c.n_kv_heads * c.head_dim, cols = c.n_heads * c.head_dim, rows = cols;
-    const TestGptq o = make_gptq(rng, rows, cols, 4, c.group, false);
-    cuda::GemvAttention probe;
-    probe.n_heads = c.n_heads;
-    probe.n_kv_heads = c.n_kv_heads;
-    probe.head_dim = c.head_dim;
-    if (!checked_support) {
-      checked_support = true;
-      probe.q = probe.k = probe.v = probe.inv_freq = reinterpret_cast<const float*>(16);
-      probe.position = reinterpret_cast<const int32_t*>(16);
-      probe.key_cache = probe.value_cache = reinterpret_cast<uint16_t*>(16);
-      const Status supported = cuda::gemv_gptq_attention_supported(o.device.view(), probe);
-      if (!supported.ok()) GTEST_SKIP() << supported.to_string();  // no thread-block clusters (before Hopper)
-    }
-    const std::vector<float> q = random_floats(rng, cols, 0.5f), k = random_floats(rng, kv_dim, 0.5f),
-                             v = random_floats(rng, kv_dim), stream = random_floats(rng, rows);
-    const StoredFloats keys = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
-    const StoredFloats values = store_as(random_floats(rng, c.context * kv_dim), DType::kF16);
-    const std::vector<float> inv_freq = rope_inverse_frequencies(rope_config, c.head_dim);
-    const auto [want_q, want_k] = rope_reference(q, k, inv_freq, c.position, c.n_heads, c.n_kv_heads, c.head_dim);
-    cuda::DeviceBuffer q_dev = to_device(q.data(), q.size() * 4), k_dev = to_device(k.data(), k.size() * 4),
-                       v_dev = to_device(v.data(), v.size() * 4), f_dev = to_device(inv_freq.data(), inv_freq.size() * 4);
-    const int32_t position = static_cast<int32_t>(c.position);
-    cuda::DeviceBuffer pos_dev = to_device(&position, 4);
-    for (int mode = 0; mode < 2; ++mode) {
-      const bool atomic = mode == 0;
-      SCOPED_TRACE(std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " heads of " + std::to_string(c.head_dim) +
-                   " at position " + std::to_string(c.position) + ", group " + std::to_string(c.group) + ", cluster " +
-                   std::to_string(c.cluster) + (atomic ? ", atomic sums" : ", ordered sums"));
-      cuda::DeviceBuffer keys_dev = to_device(keys.bytes.data(), keys.bytes.size()),
-                         values_dev = to_device(values.bytes.data(), values.bytes.size()),
-                         y_dev = to_device(stream.data(), stream.size() * 4);
-      cuda::GemvFusion fusion;
-      fusion.input = cuda::GemvInput::kAttention;
-      fusion.residual = y_dev.as<float>();
-      fusion.attention = probe;
-      fusion.attention.q = q_dev.as<float>();
-      fusion.attention.k = k_dev.as<float>();
-      fusion.attention.v = v_dev.as<float>();
-      fusion.attention.inv_freq = f_dev.as<float>();
-      fusion.attention.position = pos_dev.as<int32_t>();
-      fusion.attention.key_cache = keys_dev.as<uint16_t>();
-      fusion.attention.value_cache = values_dev.as<uint16_t>();
-      fusion.attention.cluster_blocks = c.cluster;
-      cuda::GemvOptions options;
-      options.overlap_previous = true;
-      options.atomic_reduce = atomic;
-      Status st = cuda::gemv_gptq(o.device.view(), nullptr, y_dev.as<float>(), *workspace, nullptr, options, fusion);
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      const std::vector<float> got = download_floats(y_dev, rows);
-      std::vector<float> key_widened = keys.widened, value_widened = values.widened;
-      ASSERT_NO_FATAL_FAILURE(
-          expect_token_row_stored(keys, values, keys_dev, values_dev, c.position, v, want_k, key_widened, value_widened));
-      std::vector<float> attended(cols);
-      ref::attention(want_q.data(), key_widened.data(), value_widened.data(), 1, c.position, c.n_heads, c.n_kv_heads,
-                     c.head_dim, attended.data());
-      const std::vector<float> attended16 = round_to_f16(attended);
-      std::vector<float> want(rows);
-      ref::matmul(attended16.data(), 1, o.host.view(), want.data());
-      ref::add_in_place(want.data(), stream.data(), rows);
-      const double error = relative_l2(got, want);
-      EXPECT_LE(error, kToleranceFp16Input);
-      worst = std::max(worst, error);
-    }
-  }
-  std::printf("[ o with the attention input ] worst relative L2 %.3g\n", worst);
-  // Refusals, by name: head_dim 96, 8 query heads a KV head, inputs that are not the heads'.
-  const TestGptq o = make_gptq(rng, 256, 256, 4, -1, false);
-  cuda::GemvAttention a;
-  a.q = a.k = a.v = a.inv_freq = reinterpret_cast<const float*>(16);
-  a.position = reinterpret_cast<const int32_t*>(16);
-  a.key_cache = a.value_cache = reinterpret_cast<uint16_t*>(16);
-  a.n_heads = 8;
-  a.n_kv_heads = 2;
-  a.head_dim = 96;
-  EXPECT_NE(cuda::gemv_gptq_attention_supported(o.device.view(), a).message().find("head_dim 96"), std::string::npos);
-  a.head_dim = 32;
-  a.n_kv_heads = 1;
-  EXPECT_NE(cuda::gemv_gptq_attention_supported(o.device.view(), a).message().find("at most 4"), std::string::npos);
-  a.n_kv_heads = 2;
-  a.n_heads = 4;
-  EXPECT_NE(cuda::gemv_gptq_attention_supported(o.device.view(), a).message().find("256 inputs"), std::string::npos);
 }
 
 // cuda::top_k_logits against a full sort on the host (value descending, id ascending among equals): random

@@ -215,10 +215,8 @@ struct CudaModel::State {
   // The decode step as graphs, each captured at its first use (create()'s warm-up makes all three): without the
   // LM head (StepOutput::kNormed), with the LM head and the logits to the host (kLogits), with the LM head and
   // its top_graph_k() largest logits (kTop; decode_top's k is a prefix of them, so one graph serves every k and
-  // no sampler setting captures a graph in the middle of a generation). Index 1: the step with the attention
-  // inside o's launch (CudaModelOptions::decode_attention_in_o, below decode_attention_in_o_below positions).
-  cuda::CudaGraph step_graph[2], logits_graph[2], top_graph[2];
-  bool in_o_step = false;  // the step being enqueued takes the attention inside o (run_step)
+  // no sampler setting captures a graph in the middle of a generation).
+  cuda::CudaGraph step_graph, logits_graph, top_graph;
 
   DeviceEmbedding embed;
   std::vector<DeviceLayer> layers;
@@ -331,31 +329,6 @@ struct CudaModel::State {
     return o;
   }
 
-  // Whether layer w's o projection takes the attention as its input (CudaModelOptions::decode_attention_in_o).
-  bool attention_in_o_fits(const DeviceLayer& w) const {
-    return in_o_step &&
-           cuda::gemv_gptq_attention_supported(w.o_proj.quantized.view(), attention_in_o_operands(keys.as<uint16_t>(),
-                                                                                                  values.as<uint16_t>()))
-               .ok();
-  }
-  cuda::GemvAttention attention_in_o_operands(uint16_t* layer_keys, uint16_t* layer_values) const {
-    const LlamaConfig& c = config;
-    cuda::GemvAttention a;
-    a.q = q.as<float>();
-    a.k = k.as<float>();
-    a.v = v.as<float>();
-    a.inv_freq = inv_freq.as<float>();
-    a.position = step_input.as<int32_t>() + 1;
-    a.key_cache = layer_keys;
-    a.value_cache = layer_values;
-    a.n_heads = c.num_attention_heads;
-    a.n_kv_heads = c.num_key_value_heads;
-    a.head_dim = c.head_dim;
-    a.cluster_blocks = options.decode_attention_in_o_cluster;
-    a.next_launch = options.decode_attention_in_o_next_launch;
-    return a;
-  }
-
   Status enqueue_fused_step(bool with_final_norm) {
     const LlamaConfig& c = config;
     const cuda::Stream s = stream.get();
@@ -401,19 +374,14 @@ struct CudaModel::State {
                                                        for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
-      // The attention inside o's launch (CudaModelOptions::decode_attention_in_o) or a launch of its own.
-      cuda::GemvFusion add_to_residual;
-      add_to_residual.residual = residual;
-      const bool attention_in_o = attention_in_o_fits(w) && !(skip & CudaModelOptions::kSkipAttention);
-      if (attention_in_o) {
-        add_to_residual.input = cuda::GemvInput::kAttention;
-        add_to_residual.attention = attention_in_o_operands(layer_keys, layer_values);
-      } else if (!(skip & CudaModelOptions::kSkipAttention)) {
+      if (!(skip & CudaModelOptions::kSkipAttention)) {
         PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
                                                            pos, layer_keys, layer_values, attention,
                                                            attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
                                                            attn.as<float>(), s, overlap));
       }
+      cuda::GemvFusion add_to_residual;
+      add_to_residual.residual = residual;
       if (!(skip & CudaModelOptions::kSkipO)) {
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.o, options.decode_l2_prefetch.o),
@@ -899,15 +867,10 @@ struct CudaModel::State {
   // enqueue_decode, replayed from its graph (captured at the first use of each output and k) unless
   // options.use_graph is off.
   Status run_step(StepOutput output, int top_k) {
-    const int variant = options.decode_attention_in_o &&
-                                (options.decode_attention_in_o_below <= 0 || position < options.decode_attention_in_o_below)
-                            ? 1
-                            : 0;
-    in_o_step = variant == 1;
     if (!options.use_graph) return enqueue_decode(output, top_k);
-    cuda::CudaGraph& graph = output == StepOutput::kNormed   ? step_graph[variant]
-                             : output == StepOutput::kLogits ? logits_graph[variant]
-                                                             : top_graph[variant];
+    cuda::CudaGraph& graph = output == StepOutput::kNormed   ? step_graph
+                             : output == StepOutput::kLogits ? logits_graph
+                                                             : top_graph;
     if (graph.empty()) {
       PETREL_RETURN_IF_ERROR(cuda::CudaGraph::begin_capture(stream.get()));
       Status enqueued = enqueue_decode(output, top_k);

@@ -128,16 +128,6 @@ struct CudaModelOptions {
   // The fused decode attention's tensor-core build with its warm pass before the wait
   // (cuda::DecodeAttentionShape::warm_code); false: without (bench suffix -acold).
   bool decode_attention_warm = true;
-  // The fused step's attention computed inside the o projection's launch (cuda::GemvInput::kAttention: each
-  // thread-block cluster of o's blocks for one KV head shares that head's attention), so a layer is 4 launches
-  // instead of 5, where the shapes allow (cuda::gemv_gptq_attention_supported; else the attention kernel).
-  // Experimental, off by default (bench suffix -ain). Only below decode_attention_in_o_below positions (0: at
-  // every position): its blocks take chunks of 32 positions, a cluster's blocks for a head, one after another, so
-  // long contexts run faster with the attention kernel; the step there is a second graph, captured at its first use.
-  bool decode_attention_in_o = false;
-  int64_t decode_attention_in_o_below = 1024;
-  int decode_attention_in_o_cluster = 8;  // row tiles of o a cluster (cuda::GemvAttention::cluster_blocks)
-  int decode_attention_in_o_next_launch = 0;  // when gate/up may launch (cuda::GemvAttention::NextLaunch)
   // Diagnostic only (the step's outputs are then wrong): launches of the fused step left out, a bit per phase of
   // every layer (kSkipQkv ... kSkipDown). What the step loses without a phase is that phase's marginal cost in
   // the overlapped pipeline: the most that fusing it away or speeding it up could give (bench suffix -skipN;

@@ -1,5 +1,5 @@
-// kernels/cuda internal: the decode attention's per-position arithmetic, shared by attention.cu's kernels and
-// gemv_attention.cuh (the attention inside o's launch). Only for files built with CUDA.
+// kernels/cuda internal: the decode attention's per-position arithmetic (attention.cu's kernels; session 30's
+// attention inside o's launch shared it, docs/PERFORMANCE.md). Only for files built with CUDA.
 #pragma once
 
 #include <cuda_fp16.h>

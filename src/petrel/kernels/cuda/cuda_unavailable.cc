@@ -75,7 +75,6 @@ Status gemv_gptq_grouped(std::span<const GemvGroupMember>, const float*, GemvWor
                          const GemvFusion&) {
   return not_built();
 }
-Status gemv_gptq_attention_supported(const DeviceGptqMatrix&, const GemvAttention&) { return not_built(); }
 Status gemv_gptq_batch(std::span<const GemvGroupMember>, const float*, int64_t, GemvWorkspace&, Stream, const GemvOptions&,
                        const GemvFusion&) {
   return not_built();

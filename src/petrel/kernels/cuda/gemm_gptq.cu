@@ -786,8 +786,6 @@ Status check_fusion(const char* what, const GemmInputFusion& fusion, int64_t col
         return invalid_argument(name + ": SiLU*up needs up, 16-byte aligned");
       }
       break;
-    case GemvInput::kAttention:
-      return unsupported(name + ": the attention input is the token generator's (gemv_gptq)");
   }
   return ok_status();
 }

@@ -104,11 +104,6 @@
 // + sum, in place: the last block of a split-K row range, or the writer when there is no split). Numerics
 // are those of norm.cu and elementwise.cu, except the sum of squares' order.
 //
-// The attention input (GemvInput::kAttention, gemv_attention.cuh; CudaModelOptions::decode_attention_in_o,
-// experimental): the o projection's launch computes the token's attention itself instead of reading it, one
-// input slice a KV head, the row tiles of a slice in thread-block clusters that share the head's attention;
-// its own build (122 registers), the other builds' code and parameter offsets unchanged.
-//
 // Overlap with the previous kernel (GemvOptions::overlap_previous, programmatic dependent launch,
 // programmatic_launch.cuh). A block first lets the next kernel launch, then issues what depends on nothing
 // earlier: its first two batches of weight loads (8 steps a thread, in registers), its group's scales and
@@ -144,17 +139,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "petrel/kernels/cuda/activation.cuh"
 #include "petrel/kernels/cuda/async_copy.cuh"
 #include "petrel/kernels/cuda/bulk_copy.cuh"
 #include "petrel/kernels/cuda/cuda_check.h"
 #include "petrel/kernels/cuda/dtype_load.cuh"
-#include "petrel/kernels/cuda/gemv_attention.cuh"
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
@@ -217,8 +208,6 @@ struct GemvArgs {
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
-  // GemvInput::kAttention (gemv_attention.cuh); last, so that the other builds' parameters keep their offsets.
-  GemvAttentionArgs attention;
 };
 
 // The matrix row tile `tile` belongs to. Unrolled over constant indices, so the parameter array is not copied
@@ -231,11 +220,6 @@ __device__ __forceinline__ GemvPart tile_part(const GemvArgs& a, int tile) {
   }
   return part;
 }
-
-// What the builds without GemvInput::kAttention hold in place of its ClusterAttention: nothing.
-struct NoAttention {
-  __device__ NoAttention(const GemvAttentionArgs&, char*) {}
-};
 
 // 16 bytes of weights that no other thread reads: skip L1.
 __device__ __forceinline__ uint4 load_streaming(const int32_t* p) {
@@ -568,8 +552,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
                 "batch kernels: 4-bit weights, plain or SiLU*up input, up to 32 tokens");
   static_assert(!(kBatched && kTimeline), "the timeline instruments the vector kernels");
   static_assert(!kBatched || kBuild == 0, "the kBuild variants are vector kernels");
-  constexpr bool kAttention = kInput == GemvInput::kAttention;
-  static_assert(!kAttention || (kBits == 4 && !kBatched), "the attention input: 4-bit vector kernels");
   uint64_t stamps[kTimelineStamps] = {};
   auto stamp = [&](int i) {
     if constexpr (kTimeline) {
@@ -577,9 +559,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
   stamp(0);
-  // kAttention: the next kernel (gate/up) launches only once this block has waited (below), as after the
-  // attention kernel it replaces (attention.cu's warm build), not while q/k/v still streams.
-  if (!kAttention || a.attention.next_launch == GemvAttention::kNextAtStart) allow_dependent_launch();
+  allow_dependent_launch();
   const int row_tiles = kBatched ? a.row_tiles : 1;
   const int first_tile = static_cast<int>(blockIdx.x) * row_tiles;
   const Slice slice = block_slice(a);
@@ -679,16 +659,9 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   }
 
-  // kAttention: the block's first chunk of KV rows on its way to shared memory, its RoPE angles.
-  std::conditional_t<kAttention, ClusterAttention, NoAttention> attention(a.attention, shared_bytes);
-  if constexpr (kAttention) attention.prepare();
-
   // Everything above reads only weights; x is the previous kernel's output.
   stamp(5);  // every load, prefetch and copy above issued
   wait_for_previous_kernel();
-  if constexpr (kAttention) {
-    if (a.attention.next_launch == GemvAttention::kNextAfterWait) allow_dependent_launch();
-  }
   stamp(1);
   if constexpr (kTimeline && kBits == 4 && kInput == GemvInput::kPlain) {  // diagnostic (timeline.h): o's chain left out
     if (probe & kProbePlainGemvStopAfterWait) {
@@ -756,9 +729,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
                                   (i % slice_words) * 16) = frag;
       }
     }
-  } else if constexpr (kAttention) {
-    attention.run(reinterpret_cast<uint4*>(x_staged));
-    if (a.attention.next_launch == GemvAttention::kNextAfterMerge) allow_dependent_launch();
   } else {
     for (int i = threadIdx.x; i < slice.steps * kWordsPerStep; i += kThreads) {
       const int64_t word = slice.first_word + i;
@@ -975,7 +945,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       break;
     }
   }
-  if constexpr (kAttention) ClusterAttention::finish();  // the cluster's blocks have read this one's state
 }
 
 // The baseline: lane l of every warp owns rows 4l .. 4l + 3 of the block's 128; warp k takes word k of each
@@ -1081,10 +1050,6 @@ cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool ove
   if (args.cluster_reduce) {
     return launch_kernel_in_clusters(Kernel, grid, dim3(kThreads), dim3(1, grid.y, 1), shared, stream, overlap, args);
   }
-  if (args.attention.cluster > 0) {  // GemvInput::kAttention: row tiles of one slice share its head's attention
-    return launch_kernel_in_clusters(Kernel, grid, dim3(kThreads), dim3(args.attention.cluster, 1, 1), shared, stream,
-                                     overlap, args);
-  }
   return launch_kernel(Kernel, grid, dim3(kThreads), shared, stream, overlap, args);
 }
 
@@ -1127,9 +1092,6 @@ cudaError_t launch_tensor_core(GemvInput input, dim3 grid, size_t shared, cudaSt
         return launch_one<kBits, GemvInput::kRmsNorm, 0>(grid, shared, stream, overlap, args);
       case GemvInput::kSiluMul:
         return launch_one<kBits, GemvInput::kSiluMul, 0>(grid, shared, stream, overlap, args);
-      case GemvInput::kAttention:
-        if constexpr (kBits == 4) return launch_one<4, GemvInput::kAttention, 0>(grid, shared, stream, overlap, args);
-        return cudaErrorNotSupported;  // gemv_gptq_attention_supported refuses it first
       case GemvInput::kPlain:
         break;
     }
@@ -1153,7 +1115,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   const std::string what = "gemv_gptq (" + std::to_string(first.bits) + "-bit, " + std::to_string(members.size()) +
                            (members.size() == 1 ? " matrix [" : " matrices, the first [") + std::to_string(first.rows) +
                            ", " + std::to_string(first.cols) + "])";
-  if (!x && fusion.input != GemvInput::kAttention) return invalid_argument(what + ": null input");
+  if (!x) return invalid_argument(what + ": null input");
   if (address(x) % 16 != 0) return invalid_argument(what + ": x must be 16-byte aligned");
   for (const GemvGroupMember& member : members) {
     const DeviceGptqMatrix& w = *member.w;
@@ -1190,18 +1152,6 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   }
   if (fusion.input == GemvInput::kSiluMul && (!fusion.up || address(fusion.up) % 16 != 0)) {
     return invalid_argument(what + ": SiLU*up needs a 16-byte aligned up vector");
-  }
-  const bool attention = fusion.input == GemvInput::kAttention;
-  if (attention) {
-    if (!tensor_core || tokens > 0 || members.size() != 1) {
-      return unsupported(what + ": the attention input needs the tensor-core vector kernel and one matrix");
-    }
-    PETREL_RETURN_IF_ERROR(gemv_gptq_attention_supported(first, fusion.attention));
-    const GemvAttention& at = fusion.attention;
-    if (plan.k_splits != at.n_kv_heads || plan.steps_per_split * kWordsPerStep * 8 != first.cols / at.n_kv_heads) {
-      return invalid_argument(what + ": the attention input needs one input slice a KV head (" +
-                              std::to_string(at.n_kv_heads) + "), the plan has " + std::to_string(plan.k_splits));
-    }
   }
   if (plan.k_splits > 1 && plan.row_tiles_total > workspace.counter_capacity()) {
     return out_of_range("gemv_gptq: " + std::to_string(plan.row_tiles_total) + " row blocks exceed the workspace's " +
@@ -1245,35 +1195,12 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   }
   if (const TimelineRing* ring = active_timeline(); ring && tokens == 0) args.timeline = *ring;
   const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
-  // The vector kernels' shared memory: the staged x, then the RMSNorm weights (gemv_shared_layout), then the
-  // attention's (gemv_attention_layout).
-  size_t shared = static_cast<size_t>(
+  // The vector kernels' shared memory: the staged x, then the RMSNorm weights (gemv_shared_layout).
+  const size_t shared = static_cast<size_t>(
       tokens > 0 || !tensor_core
           ? plan.shared_bytes
           : gemv_shared_layout(first.bits, plan.steps_per_split,
                                fusion.input == GemvInput::kRmsNorm ? weight_type_bytes(norm_type) : 0).total);
-  if (attention) {
-    const GemvAttention& at = fusion.attention;
-    GemvAttentionArgs& aa = args.attention;
-    aa.q = at.q;
-    aa.k = at.k;
-    aa.v = at.v;
-    aa.inv_freq = at.inv_freq;
-    aa.position = at.position;
-    aa.keys = reinterpret_cast<__half*>(at.key_cache);
-    aa.values = reinterpret_cast<__half*>(at.value_cache);
-    aa.n_kv_heads = static_cast<int>(at.n_kv_heads);
-    aa.head_dim = static_cast<int>(at.head_dim);
-    aa.group = static_cast<int>(at.n_heads / at.n_kv_heads);
-    aa.scale = 1.0f / std::sqrt(static_cast<float>(at.head_dim));
-    // The cluster: at most cluster_blocks (and 8) row tiles, a divisor of the row tiles.
-    int cluster = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(at.cluster_blocks, plan.row_blocks), 1, kMaxCluster));
-    while (plan.row_blocks % cluster != 0) --cluster;
-    aa.cluster = cluster;
-    aa.shared_offset = static_cast<int>(shared);
-    aa.next_launch = at.next_launch;
-    shared += static_cast<size_t>(gemv_attention_layout(aa.group, aa.head_dim).total);
-  }
   if (shared > static_cast<size_t>(GemvPlan::kMaxBatchSharedBytes)) {
     return unsupported(what + ": a slice of " + std::to_string(plan.steps_per_split) + " steps with its RMSNorm weights needs " +
                        std::to_string(shared) + " bytes of shared memory, more than " +
@@ -1304,38 +1231,12 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
 
 }  // namespace
 
-Status gemv_gptq_attention_supported(const DeviceGptqMatrix& w, const GemvAttention& at) {
-  const std::string what = "gemv_gptq with the attention input";
-  if (w.bits != 4) return unsupported(what + ": 4-bit weights only");
-  if (at.head_dim != 32 && at.head_dim != 64 && at.head_dim != 128) {
-    return unsupported(what + ": head_dim " + std::to_string(at.head_dim) + " (32, 64 or 128)");
-  }
-  if (at.n_kv_heads <= 0 || at.n_heads % at.n_kv_heads != 0 || at.n_heads / at.n_kv_heads > 4) {
-    return unsupported(what + ": " + std::to_string(at.n_heads) + " query heads over " + std::to_string(at.n_kv_heads) +
-                       " KV heads (at most 4 a KV head)");
-  }
-  if (w.cols != at.n_heads * at.head_dim || (at.n_heads / at.n_kv_heads * at.head_dim) % (kWordsPerStep * 8) != 0) {
-    return unsupported(what + ": " + std::to_string(w.cols) + " inputs for " + std::to_string(at.n_heads) +
-                       " heads of " + std::to_string(at.head_dim));
-  }
-  if (!at.q || !at.k || !at.v || !at.inv_freq || !at.position || !at.key_cache || !at.value_cache) {
-    return invalid_argument(what + ": null attention operand");
-  }
-  if ((address(at.key_cache) | address(at.value_cache)) % 16 != 0) {
-    return invalid_argument(what + ": the KV caches must be 16-byte aligned");
-  }
-  if (!device_has_clusters()) return unsupported(what + ": this GPU has no thread-block clusters");
-  return ok_status();
-}
-
 Status gemv_gptq(const DeviceGptqMatrix& w, const float* x, float* y, GemvWorkspace& workspace, Stream stream,
                  const GemvOptions& options, const GemvFusion& fusion) {
-  GemvOptions planned = options;
-  if (fusion.input == GemvInput::kAttention) planned.k_splits = static_cast<int>(fusion.attention.n_kv_heads);
   PETREL_ASSIGN_OR_RETURN(GemvPlan plan,
-                          plan_gemv_gptq(w, workspace.multiprocessors(), workspace.partial_capacity(), planned));
+                          plan_gemv_gptq(w, workspace.multiprocessors(), workspace.partial_capacity(), options));
   const GemvGroupMember member{&w, y};
-  return launch_gemv(std::span<const GemvGroupMember>(&member, 1), plan, x, 0, workspace, stream, planned, fusion);
+  return launch_gemv(std::span<const GemvGroupMember>(&member, 1), plan, x, 0, workspace, stream, options, fusion);
 }
 
 Status gemv_gptq_grouped(std::span<const GemvGroupMember> members, const float* x, GemvWorkspace& workspace,

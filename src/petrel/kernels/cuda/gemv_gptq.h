@@ -108,34 +108,6 @@ enum class GemvInput {
   kPlain,    // x as given
   kRmsNorm,  // ref::rms_norm of x as one row of cols: norm_weight * (x * (1 / sqrt(mean(x^2) + norm_eps)))
   kSiluMul,  // ref::silu_mul(x, up): x is the gate projection, up the up projection, both [cols]
-  // The token's attention output, computed by the launch itself (GemvFusion::attention; the o projection of the
-  // token generator): each input slice is one KV head's query heads, and the blocks of a thread-block cluster
-  // (row tiles of the same slice) share that head's attention over the KV cache, as decode_attention_rope does
-  // in a launch of its own (attention.h). x is not read. gemv_gptq_attention_supported says which shapes fit.
-  kAttention,
-};
-
-// GemvInput::kAttention's operands (attention.h's decode_attention_rope, same layouts and numerics as its
-// float32 build): RoPE of the token's query and key heads at *position, the key and value stored as fp16 at row
-// *position of the caches, softmax(q k^T / sqrt(head_dim)) v over positions 0 .. *position.
-struct GemvAttention {
-  const float* q = nullptr;  // [n_heads, head_dim], not rotated
-  const float* k = nullptr;  // [n_kv_heads, head_dim], not rotated
-  const float* v = nullptr;  // [n_kv_heads, head_dim]
-  const float* inv_freq = nullptr;  // [head_dim / 2]
-  const int32_t* position = nullptr;  // device int32, written before the launch (read before its wait)
-  uint16_t* key_cache = nullptr;    // fp16 [context_length, n_kv_heads, head_dim]
-  uint16_t* value_cache = nullptr;  // fp16 [context_length, n_kv_heads, head_dim]
-  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  // Row tiles a cluster (the blocks that share one KV head's attention, each position chunk computed by one
-  // of them); at most 8 (portable clusters), reduced to a divisor of the row tiles.
-  int cluster_blocks = 8;
-  // When the next kernel (gate/up) may launch: kNextAfterWait once this launch's block has waited for q/k/v (as
-  // after the attention kernel it replaces), kNextAfterMerge once the block's attention input is staged (its
-  // blocks then do not take SMs or bandwidth while the attention's chain runs), kNextAtStart at the block's start
-  // (as the other GEMV builds).
-  enum NextLaunch : int { kNextAfterWait = 0, kNextAfterMerge = 1, kNextAtStart = 2 };
-  int next_launch = kNextAfterWait;
 };
 
 struct GemvFusion {
@@ -152,14 +124,7 @@ struct GemvFusion {
     float* data = nullptr;
     int64_t count = 0;
   } clear[2];
-  GemvAttention attention;  // kAttention
 };
-
-// OK when gemv_gptq takes `w` with GemvInput::kAttention and these operands (single matrix, tensor-core vector
-// kernel): 4-bit; head_dim 32, 64 or 128; at most 4 query heads a KV head; w.cols = n_heads * head_dim with
-// one KV head's inputs a whole number of steps (32 inputs); a GPU with thread-block clusters. The launch then
-// cuts the input into n_kv_heads slices whatever GemvOptions::k_splits says.
-Status gemv_gptq_attention_supported(const DeviceGptqMatrix& w, const GemvAttention& attention);
 
 // Scratch memory for the split-K reduction and the per-block arrival counters. One workspace per stream:
 // two GEMVs in flight at once must not share one. Created on the current device.

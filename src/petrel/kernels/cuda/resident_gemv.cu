@@ -651,7 +651,6 @@ Status describe_phase(const ResidentGemv& gemv, int multiprocessors, int64_t par
   if (f.input == GemvInput::kSiluMul && (!f.up || address(f.up) % 16 != 0)) {
     return invalid_argument(what + ": SiLU*up needs a 16-byte aligned up vector");
   }
-  if (f.input == GemvInput::kAttention) return unsupported(what + ": the attention input is gemv_gptq's");
   ph = Phase{};
   int tile = 0;
   for (size_t i = 0; i < gemv.members.size(); ++i) {
