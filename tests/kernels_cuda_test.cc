@@ -1254,35 +1254,6 @@ TEST(KernelsCuda, DecodeAttentionDefaultGridIsOneWave) {
   EXPECT_EQ(cuda::decode_attention_one_wave_blocks(8, 32, 132, 0), 16);   // a block larger than an SM's room: as 1
 }
 
-// The KV caches after a decode step at `position` (cache `keys` / `values` uploaded as keys_dev / values_dev):
-// row `position` holds this token's rotated key (want_k) and its value v in fp16, the other rows are unchanged.
-// The stored row, widened, goes into key_widened / value_widened for the reference attention.
-void expect_token_row_stored(const StoredFloats& keys, const StoredFloats& values, const cuda::DeviceBuffer& keys_dev,
-                             const cuda::DeviceBuffer& values_dev, int64_t position, const std::vector<float>& v,
-                             const std::vector<float>& want_k, std::vector<float>& key_widened,
-                             std::vector<float>& value_widened) {
-  const int64_t kv_dim = static_cast<int64_t>(v.size()), elements = static_cast<int64_t>(keys.widened.size());
-  std::vector<uint16_t> key_rows(elements), value_rows(elements);
-  ASSERT_TRUE(keys_dev.download(key_rows.data(), key_rows.size() * 2).ok());
-  ASSERT_TRUE(values_dev.download(value_rows.data(), value_rows.size() * 2).ok());
-  for (int64_t at = 0; at < elements; ++at) {
-    const int64_t r = at / kv_dim, i = at % kv_dim;
-    uint16_t stored_key, stored_value;
-    std::memcpy(&stored_key, keys.bytes.data() + 2 * at, 2);
-    std::memcpy(&stored_value, values.bytes.data() + 2 * at, 2);
-    if (r != position) {
-      ASSERT_EQ(key_rows[at], stored_key) << "row " << r;
-      ASSERT_EQ(value_rows[at], stored_value) << "row " << r;
-      continue;
-    }
-    EXPECT_EQ(value_rows[at], f32_to_f16(v[i]));
-    // As rope_store_kv: the CPU's FMA contraction can move the fp16 rounding of a key by one step.
-    EXPECT_LE(std::abs(int(key_rows[at]) - int(f32_to_f16(want_k[i]))), 1) << "key " << i;
-    key_widened[at] = f16_to_f32(key_rows[at]);
-    value_widened[at] = f16_to_f32(value_rows[at]);
-  }
-}
-
 TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   std::mt19937 rng(34);
@@ -1354,8 +1325,28 @@ TEST(KernelsCuda, DecodeAttentionRopeMatchesRopeThenAttention) {
       std::vector<uint32_t> counts(c.n_kv_heads);
       ASSERT_TRUE(counters->download(counts.data(), counts.size() * 4).ok());
       EXPECT_EQ(counts, std::vector<uint32_t>(c.n_kv_heads, 0u));
-      ASSERT_NO_FATAL_FAILURE(
-          expect_token_row_stored(keys, values, keys_dev, values_dev, c.position, v, want_k, keys.widened, values.widened));
+      // The caches: row `position` holds this token's rotated key and value in fp16, the others are unchanged.
+      std::vector<uint16_t> key_rows(c.context * kv_dim), value_rows(c.context * kv_dim);
+      ASSERT_TRUE(keys_dev.download(key_rows.data(), key_rows.size() * 2).ok());
+      ASSERT_TRUE(values_dev.download(value_rows.data(), value_rows.size() * 2).ok());
+      for (int64_t r = 0; r < c.context; ++r) {
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          const int64_t at = r * kv_dim + i;
+          uint16_t stored_key, stored_value;
+          std::memcpy(&stored_key, keys.bytes.data() + 2 * at, 2);
+          std::memcpy(&stored_value, values.bytes.data() + 2 * at, 2);
+          if (r != c.position) {
+            ASSERT_EQ(key_rows[at], stored_key) << "row " << r;
+            ASSERT_EQ(value_rows[at], stored_value) << "row " << r;
+            continue;
+          }
+          EXPECT_EQ(value_rows[at], f32_to_f16(v[i]));
+          // As rope_store_kv: the CPU's FMA contraction can move the fp16 rounding of a key by one step.
+          EXPECT_LE(std::abs(int(key_rows[at]) - int(f32_to_f16(want_k[i]))), 1) << "key " << i;
+          keys.widened[at] = f16_to_f32(key_rows[at]);
+          values.widened[at] = f16_to_f32(value_rows[at]);
+        }
+      }
       std::vector<float> want(q.size());
       ref::attention(want_q.data(), keys.widened.data(), values.widened.data(), 1, c.position, c.n_heads, c.n_kv_heads,
                      c.head_dim, want.data());

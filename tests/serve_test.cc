@@ -613,7 +613,6 @@ std::vector<ojson> sse_data(const std::string& body) {
 }
 
 TEST_F(TinyServer, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
-
   const ojson messages = {{{"role", "user"}, {"content", "Once upon a time"}}};
   // The reference: the runtime API's own greedy answer to the same conversation.
   auto session = Session::create(engine, 512);
@@ -692,7 +691,6 @@ TEST_F(TinyServer, GreedyAnswersEqualTheRuntimeApiAndStreamingEqualsWhole) {
 
 // POST /v1/completions: a raw prompt, no template; the answer equals the runtime API's for the prompt's tokens.
 TEST_F(TinyServer, TextCompletionsEqualTheRuntimeApiForTheSameTokens) {
-
   auto tokens = engine->tokenizer()->encode("The history of", EncodeOptions{.add_special = true, .parse_special = true, .untrusted_ranges = {}});
   ASSERT_TRUE(tokens.ok());
   auto session = Session::create(engine, 512);
@@ -800,7 +798,6 @@ TEST_F(TinyServer, TokenizeAndDetokenizeUseTheModelsTokenizer) {
 // scoring harness (lm-evaluation-harness) asks for a text's likelihood; chat logprobs stream as they come and
 // equal the whole answer's.
 TEST_F(TinyServer, LogprobsAreTheLogSoftmaxOfTransformersLogits) {
-
   std::vector<int32_t> tokens = testing::read_ids(data_dir() / "parity/tiny-llama31.tokens.txt");
   tokens.resize(40);
   auto reference = read_npy(data_dir() / "parity/tiny-llama31.logits.npy");
