@@ -55,7 +55,9 @@
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
-//   any of them with "-attnbN" (before "-ctxN"): the fused attention kernel in at most N blocks a KV head
+//   any of them with "-carveN" (before "-ctxN"): the decode step's overlapped launches ask for an N% shared-memory
+//                     carveout (0 to 100; CudaModelOptions::decode_shared_carveout), e.g. fused-carve100
+//   any of them with "-attnbN" (before "-carveN"): the fused attention kernel in at most N blocks a KV head
 //                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
 //                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
@@ -253,6 +255,13 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
+  // "-carveN" (after any "-ctxN"): every overlapped launch of the decode step asks for an N% shared-memory
+  // carveout (CudaModelOptions::decode_shared_carveout), e.g. fused-carve100.
+  int64_t carveout = -1;
+  if (take_number_suffix(base, "-carve", 3, &carveout)) {
+    if (carveout > 100) return false;
+    o.decode_shared_carveout = static_cast<int>(carveout);
+  }
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
   take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);
   // "-skipN" (diagnostic: wrong outputs): the fused step without the phases of bit mask N

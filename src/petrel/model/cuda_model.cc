@@ -818,6 +818,7 @@ struct CudaModel::State {
   // logits to host_logits (written there by the LM head itself when logits_mapped) or their top_k to top_host.
   Status enqueue_decode(StepOutput output, int top_k) {
     const cuda::Stream s = stream.get();
+    const cuda::ScopedLaunchCarveout carveout(options.decode_shared_carveout);
     PETREL_RETURN_IF_ERROR(cuda::copy_to_device(step_input.data(), host_input.data(), 2 * sizeof(int32_t), s));
     const bool head = output != StepOutput::kNormed;
     const bool fold_norm = head && head_takes_final_norm();
@@ -846,6 +847,7 @@ struct CudaModel::State {
   // the device, the LM head on `normed`, the mask, the top-k into top_host; replayed from its graph.
   Status enqueue_masked_head(int top_k) {
     const cuda::Stream s = stream.get();
+    const cuda::ScopedLaunchCarveout carveout(options.decode_shared_carveout);
     PETREL_RETURN_IF_ERROR(cuda::copy_to_device(allowed_device.data(), allowed_host.data(), allowed_host.size(), s));
     PETREL_RETURN_IF_ERROR(linear(lm_head, normed.as<float>(), logits.as<float>()));
     PETREL_RETURN_IF_ERROR(cuda::mask_logits(logits.as<float>(), allowed_device.as<uint32_t>(), config.vocab_size, s, overlap));

@@ -92,12 +92,14 @@ struct CudaModelOptions {
   // into the LM head's staging). false: device buffer + copy (kept for comparison; docs/PERFORMANCE.md).
   bool logits_to_mapped_host = true;
   // The fused step's input splits per GEMV (cuda::GemvOptions::k_splits; 0: the planner's choice, which was
-  // tuned on each matrix alone, not inside the step). o: 8, where the planner takes 16 for Llama-3.1-8B's
-  // 4096 x 4096: in the step o's blocks load their weights while attention runs, and fewer, longer slices
-  // then win (H200, 2026-12-04: 519.5 against 513.9 / 515.4 tok/s per channel; 4 and 32 lost, as did every
-  // other product's change: docs/PERFORMANCE.md, session 13). The decode bench's "fused-splits-" variants.
+  // tuned on each matrix alone, not inside the step). Session 13 (H200) took o in 8 slices where the planner
+  // takes 16 for Llama-3.1-8B's 4096 x 4096 (519.5 against 513.9 / 515.4 tok/s per channel); since session 32
+  // the planner's 16 again: with decode_shared_carveout 60 (below) it gains 1.3% per channel and at group 128
+  // over 8 slices without it (H100, three runs each), though alone it ties per channel (-0.7% to +0.1%) and
+  // gains 0.4-1% at group 128 (docs/PERFORMANCE.md, session 32). Every other product's change lost there and
+  // in session 13. The decode bench's "fused-splits-" variants.
   struct DecodeSplits {
-    int qkv = 0, o = 8, gate_up = 0, down = 0;
+    int qkv = 0, o = 0, gate_up = 0, down = 0;
   } decode_splits;
   // The fused step's L2 prefetch steps per product (cuda::GemvOptions::l2_prefetch_steps; -1:
   // gemv_l2_prefetch_steps); down_grouped is down's where its weights have groups
@@ -118,6 +120,17 @@ struct CudaModelOptions {
   // reproducible (they agree to float32 rounding: relative L2 against the unfused step as before); false gives
   // the ordered sums and the same bits on every run.
   bool decode_atomic_reduce = true;
+  // The shared-memory carveout (percent; -1: none asked, the driver picks one per kernel) that the decode
+  // step's overlapped launches ask for (cuda::ScopedLaunchCarveout). With the driver's choice, in a timeline
+  // (session 32, H100, o in 8 slices) 95% of gate/up's blocks (~25-29 KB of shared memory each) started only as
+  // o's last blocks ended: on an SM running two o blocks (~1.5 KB each) none started though registers had room
+  // for two, while on SMs that attention's blocks (tens of KB) had used three started beside o's one.
+  // One carveout for every launch lets each kernel's blocks start beside the one before, as registers allow,
+  // but the kernels it lets in early slow the ones running: 100% (every SM at 228 KB) gave gate/up its early
+  // start (its share of a layer 25.8 -> 23.7 us) and cost attention, o and down more (-1.2% tg128); 40% (100
+  // KB: three gate/up blocks an SM) -15%; 50% -1%; 80% a tie; 60% +0.5%, and +1.3% with o in 16 slices (8B
+  // on an H100, session 32; docs/PERFORMANCE.md). The decode bench's "-carveN" suffix.
+  int decode_shared_carveout = 60;
   // The fused decode attention's blocks per KV head at most (cuda::DecodeAttentionShape::fused_max_blocks; 0:
   // one per 32 positions of the cache, at most 32, cut to what fits on the GPU at once). Sessions 17-18: capping
   // it lower at a 4,096-position cache (so that o launches during q/k/v) measured a tie.

@@ -23,6 +23,8 @@ Status not_built() { return unsupported("the CUDA backend is not built (configur
 }  // namespace
 
 bool built_with_cuda() { return false; }
+int overlapped_launch_carveout() { return -1; }
+int set_overlapped_launch_carveout(int) { return -1; }
 Result<std::vector<DeviceInfo>> list_devices() { return std::vector<DeviceInfo>{}; }
 Result<DeviceInfo> device_info(int) { return not_built(); }
 std::string runtime_version() { return "none"; }

@@ -27,6 +27,13 @@ bool means_no_device(cudaError_t error) {
 
 bool built_with_cuda() { return true; }
 
+namespace {
+thread_local int launch_carveout = -1;
+}  // namespace
+
+int overlapped_launch_carveout() { return launch_carveout; }
+int set_overlapped_launch_carveout(int percent) { return std::exchange(launch_carveout, percent); }
+
 std::string runtime_version() {
   int version = 0;
   if (cudaRuntimeGetVersion(&version) != cudaSuccess) return "unknown";

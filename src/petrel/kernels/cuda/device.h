@@ -48,6 +48,31 @@ std::string no_device_reason();
 
 Status set_device(int device);
 Result<int> current_device();
+// The shared-memory carveout (percent of an SM's unified L1 and shared memory that is shared memory, 0 to 100;
+// -1: none asked, the driver's choice) that the calling thread's launches with programmatic dependent launch
+// ask for (cudaLaunchAttributePreferredSharedMemoryCarveout; programmatic_launch.cuh). Without one the driver
+// picks a carveout per kernel from its shared memory, and the next kernel's blocks were seen to wait for an SM
+// set up for a smaller one to drain instead of starting beside the running blocks, though registers had room
+// (CudaModelOptions::decode_shared_carveout has the measurements).
+int overlapped_launch_carveout();
+// Sets it for the calling thread; returns the previous value.
+int set_overlapped_launch_carveout(int percent);
+// Sets it for a scope (-1 leaves the thread's setting alone).
+class ScopedLaunchCarveout {
+ public:
+  explicit ScopedLaunchCarveout(int percent)
+      : active_(percent >= 0), previous_(active_ ? set_overlapped_launch_carveout(percent) : 0) {}
+  ~ScopedLaunchCarveout() {
+    if (active_) set_overlapped_launch_carveout(previous_);
+  }
+  ScopedLaunchCarveout(const ScopedLaunchCarveout&) = delete;
+  ScopedLaunchCarveout& operator=(const ScopedLaunchCarveout&) = delete;
+
+ private:
+  bool active_;
+  int previous_;
+};
+
 // Waits for all work on the current device and reports any error an earlier asynchronous launch left.
 Status synchronize();
 

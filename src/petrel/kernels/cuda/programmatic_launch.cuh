@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "petrel/kernels/cuda/device.h"
+
 namespace petrel::cuda {
 
 // The next kernel on the stream (if launched with overlap) may start its blocks once all blocks of this grid
@@ -62,12 +64,28 @@ inline cudaLaunchAttribute overlap_attribute() {
   return a;
 }
 
+// With `overlap`, the attributes of an overlapped launch from attributes[*n] on: programmatic stream
+// serialization, and the calling thread's shared-memory carveout where one is set (device.h:
+// overlapped_launch_carveout). Returns the new count.
+inline unsigned add_overlap_attributes(cudaLaunchAttribute* attributes, unsigned n, bool overlap) {
+  if (!overlap) return n;
+  attributes[n++] = overlap_attribute();
+  if (const int carveout = overlapped_launch_carveout(); carveout >= 0) {
+    attributes[n] = {};
+    attributes[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attributes[n].val.sharedMemCarveout = static_cast<unsigned>(carveout);
+    ++n;
+  }
+  return n;
+}
+
 // kernel<<<grid, block, shared, stream>>>(args...), with programmatic stream serialization when `overlap`.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
                           bool overlap, Args&&... args) {
-  cudaLaunchAttribute attributes[1] = {overlap_attribute()};
-  return launch_with_attributes(kernel, grid, block, shared, stream, attributes, overlap ? 1 : 0, std::forward<Args>(args)...);
+  cudaLaunchAttribute attributes[2];
+  const unsigned n = add_overlap_attributes(attributes, 0, overlap);
+  return launch_with_attributes(kernel, grid, block, shared, stream, attributes, n, std::forward<Args>(args)...);
 }
 
 // launch_kernel in thread-block clusters of `cluster` blocks (grid divisible by it; Hopper and later). Cluster
@@ -79,12 +97,13 @@ cudaError_t launch_kernel_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, 
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
   }
-  cudaLaunchAttribute attributes[2] = {{}, overlap_attribute()};
+  cudaLaunchAttribute attributes[3] = {};
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = cluster.x;
   attributes[0].val.clusterDim.y = cluster.y;
   attributes[0].val.clusterDim.z = cluster.z;
-  return launch_with_attributes(kernel, grid, block, shared, stream, attributes, overlap ? 2 : 1, std::forward<Args>(args)...);
+  const unsigned n = add_overlap_attributes(attributes, 1, overlap);
+  return launch_with_attributes(kernel, grid, block, shared, stream, attributes, n, std::forward<Args>(args)...);
 }
 
 // Lets `Kernel` use up to `bytes` of dynamic shared memory (the opt-in above 48 KB), once per kernel and device:
