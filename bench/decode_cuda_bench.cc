@@ -57,7 +57,10 @@
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 //   any of them with "-carveN" (before "-ctxN"): the decode step's overlapped launches ask for an N% shared-memory
 //                     carveout (0 to 100; CudaModelOptions::decode_shared_carveout), e.g. fused-carve100
-//   any of them with "-attnbN" (before "-carveN"): the fused attention kernel in at most N blocks a KV head
+//   any of them with "-carvesQ-A-O-G-D" (before "-carveN"): a carveout per phase of the layers (q/k/v, attention,
+//                     o, gate/up, down; -1 the step's; CudaModelOptions::decode_phase_carveouts), e.g.
+//                     fused-carves-1--1-100-100--1
+//   any of them with "-attnbN" (before "-carvesQ-A-O-G-D"): the fused attention kernel in at most N blocks a KV head
 //                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
 //                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
@@ -261,6 +264,19 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   if (take_number_suffix(base, "-carve", 3, &carveout)) {
     if (carveout > 100) return false;
     o.decode_shared_carveout = static_cast<int>(carveout);
+  }
+  // "-carvesQ-A-O-G-D" (before any "-carveN"): a carveout per phase of the layers, q/k/v, attention, o, gate/up,
+  // down (-1: the step's; CudaModelOptions::decode_phase_carveouts), e.g. fused-carves-1--1-100-100--1.
+  if (const size_t at = base.rfind("-carves"); at != std::string::npos) {
+    CudaModelOptions::DecodeCarveouts& c = o.decode_phase_carveouts;
+    char tail = 0;
+    if (std::sscanf(base.c_str() + at + 7, "%d-%d-%d-%d-%d%c", &c.qkv, &c.attention, &c.o, &c.gate_up, &c.down, &tail) != 5) {
+      return false;
+    }
+    for (const int v : {c.qkv, c.attention, c.o, c.gate_up, c.down}) {
+      if (v < -1 || v > 100) return false;
+    }
+    base.resize(at);
   }
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
   take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);

@@ -322,6 +322,8 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions carved = fused;  // one shared-memory carveout for every launch (and none): the same bits
   carved.decode_shared_carveout = fused.decode_shared_carveout >= 0 ? -1 : 100;
   EXPECT_EQ(cuda_logits(**model, tokens, carved), overlapped);
+  carved.decode_phase_carveouts = {100, -1, 100, 0, 40};  // and one per phase
+  EXPECT_EQ(cuda_logits(**model, tokens, carved), overlapped);
   // The resident step (Hopper and later): with the GEMV planner's input slices, the five-launch step's bits;
   // with its own (longer) slices, the same sums in another order.
   auto info = cuda::device_info(0);

@@ -369,12 +369,15 @@ struct CudaModel::State {
                                            {&w.k_proj.quantized.view(), k.as<float>()},
                                            {&w.v_proj.quantized.view(), v.as<float>()}};
       const uint32_t skip = options.decode_skip_phases;  // diagnostic (CudaModelOptions::decode_skip_phases)
+      const CudaModelOptions::DecodeCarveouts& carveouts = options.decode_phase_carveouts;
       if (!(skip & CudaModelOptions::kSkipQkv)) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
                                                        for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
       if (!(skip & CudaModelOptions::kSkipAttention)) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.attention);
         PETREL_RETURN_IF_ERROR(cuda::decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), inv_freq.as<float>(),
                                                            pos, layer_keys, layer_values, attention,
                                                            attention_workspace.as<float>(), attention_counters.as<uint32_t>(),
@@ -383,6 +386,7 @@ struct CudaModel::State {
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
       if (!(skip & CudaModelOptions::kSkipO)) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.o);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.o, options.decode_l2_prefetch.o),
                                                clearing(add_to_residual, gate, c.intermediate_size)));
@@ -392,6 +396,7 @@ struct CudaModel::State {
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       if (!(skip & CudaModelOptions::kSkipGateUp)) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
         PETREL_RETURN_IF_ERROR(
             cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up),
                                     clearing(post_attention_norm, q, c.q_dim())));
@@ -401,6 +406,7 @@ struct CudaModel::State {
       silu_and_add.up = up.as<float>();
       silu_and_add.residual = residual;
       if (!(skip & CudaModelOptions::kSkipDown)) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.down);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.down,
                                                          w.down_proj.quantized.view().group_size < c.intermediate_size

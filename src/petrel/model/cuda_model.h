@@ -131,6 +131,12 @@ struct CudaModelOptions {
   // KB: three gate/up blocks an SM) -15%; 50% -1%; 80% a tie; 60% +0.5%, and +1.3% with o in 16 slices (8B
   // on an H100, session 32; docs/PERFORMANCE.md). The decode bench's "-carveN" suffix.
   int decode_shared_carveout = 60;
+  // A carveout for one phase of the fused step's layers instead of decode_shared_carveout (-1: that one); each
+  // launch asks for its own (the attribute is per launch). Not yet measured (session 32's "Next" in
+  // docs/PERFORMANCE.md); the decode bench's "-carvesQ-A-O-G-D" suffix.
+  struct DecodeCarveouts {
+    int qkv = -1, attention = -1, o = -1, gate_up = -1, down = -1;
+  } decode_phase_carveouts;
   // The fused decode attention's blocks per KV head at most (cuda::DecodeAttentionShape::fused_max_blocks; 0:
   // one per 32 positions of the cache, at most 32, cut to what fits on the GPU at once). Sessions 17-18: capping
   // it lower at a 4,096-position cache (so that o launches during q/k/v) measured a tie.
