@@ -18,12 +18,13 @@ def post(body, timeout=60):
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, r.read()
     except urllib.error.HTTPError as e: return e.code, e.read()
-    except Exception as e: return -1, str(e).encode()
+    except Exception as e: return -1, repr(e).encode()
 codes = {}
 lock = threading.Lock()
 def one(i):
-    s, _ = post({"messages": [{"role": "user", "content": f"story {i}"}], "max_tokens": 64, "temperature": 0})
+    s, body = post({"messages": [{"role": "user", "content": f"story {i}"}], "max_tokens": 64, "temperature": 0})
     with lock: codes[s] = codes.get(s, 0) + 1
+    if s != 200: print(f"request {i}: {s} {body[:200]!r}")
 t0 = time.time()
 threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
 [t.start() for t in threads]; [t.join() for t in threads]

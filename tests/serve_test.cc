@@ -1015,5 +1015,18 @@ TEST(Server, BusyAnswers503AndAnApiKeyIsChecked) {
   EXPECT_EQ(health->status, 200);
 }
 
+TEST(Server, ASecondServerOnAServedPortFailsToBind) {
+  RunningServer running(std::make_shared<GateGenerator>(), ServerOptions{});
+  ServerOptions options;
+  options.port = running.server->port();
+  Server second(std::make_shared<GateGenerator>(), options);
+  const Status bound = second.bind();
+  EXPECT_FALSE(bound.ok());
+  EXPECT_NE(bound.message().find("in use"), std::string::npos) << bound.to_string();
+  auto health = running.client().Get("/health");  // the first one still answers
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
 }  // namespace
 }  // namespace petrel::serve

@@ -1,6 +1,7 @@
 #include "petrel/serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -242,6 +243,13 @@ void Server::install_routes() {
   http.set_read_timeout(std::chrono::duration<double>(options_.read_timeout_s));
   http.set_write_timeout(std::chrono::duration<double>(options_.write_timeout_s));
   http.set_keep_alive_max_count(100);
+  // The listening socket: SO_REUSEADDR only (cpp-httplib's default sets SO_REUSEPORT, which lets a second
+  // server bind a port that one is already serving), and remembered so that bind() can widen its backlog.
+  http.set_socket_options([this](socket_t sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_socket_ = sock;
+  });
 
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown exception";
@@ -373,13 +381,19 @@ Status Server::bind() {
   if (options_.port == 0) {
     port_ = http_->bind_to_any_port(options_.host);
     if (port_ <= 0) return io_error("serve: cannot bind " + options_.host + " (any port)");
-    return ok_status();
+  } else {
+    if (!http_->bind_to_port(options_.host, options_.port)) {
+      return io_error("serve: cannot bind " + options_.host + ":" + std::to_string(options_.port) +
+                      " (in use, or not an address of this machine)");
+    }
+    port_ = options_.port;
   }
-  if (!http_->bind_to_port(options_.host, options_.port)) {
-    return io_error("serve: cannot bind " + options_.host + ":" + std::to_string(options_.port) +
-                    " (in use, or not an address of this machine)");
+  // cpp-httplib listens with a backlog of 5 connections: a burst of clients beyond it (40 at once on a loaded
+  // 2-core machine, tests/serve_stress_test.py) overflowed it and some connections were reset. Listening again
+  // on the bound socket sets the system's maximum instead.
+  if (listen_socket_ < 0 || ::listen(listen_socket_, SOMAXCONN) != 0) {
+    return io_error("serve: cannot listen on " + options_.host + ":" + std::to_string(port_));
   }
-  port_ = options_.port;
   return ok_status();
 }
 

@@ -97,6 +97,7 @@ class Server {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;
+  int listen_socket_ = -1;  // the listening socket, once bound (set by the socket-options hook)
   std::mutex model_mutex_;
   std::atomic<int> waiting_{0};
   std::atomic<int64_t> requests_{0};
