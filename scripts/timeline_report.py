@@ -18,6 +18,9 @@ Columns (us, relative to the end of the kernel before, "prev end" = the last blo
   epilogue   end - loop (split-K reduction, the residual add)
   GB/s       the launch's weight bytes (2 KB a block step) over its share ("end")
 RMSNorm GEMVs (q/k/v, gate/up): a line below the table gives when the median block had its sum of squares.
+Early starts: a line gives how many of a launch's blocks started more than 0.5 us before the kernel before ended,
+by how many of that kernel's blocks had run on their SM (SMs holding the kernel before's blocks fill first; a
+launch whose blocks find no room beside them starts late: session 32's shared-memory carveout).
 GEMVs: a line gives how long a block takes to issue its loads, prefetches and copies before its wait (t5 from
 its start: median and slowest block) and how long the first block past the wait waited after that.
 Attention: "staged" = queries rotated and the token's key and value stored, "loop" = the first chunks in
@@ -46,7 +49,7 @@ def launches_of(rows):
     return launches
 
 
-def stat(launch, prev_end):
+def stat(launch, prev_end, prev_blocks=()):
     bl = launch["blocks"]
     working = [b for b in bl if b["wait"] >= 0]
     t = lambda b, k: b["t0"] + b[k]
@@ -76,6 +79,18 @@ def stat(launch, prev_end):
         "abs_end": latest(bl, "end") + prev_end,
     }
     out["epilogue"] = out["end"] - out["loop"]
+    # Early starts by the number of the previous launch's blocks on the block's SM: {count: [early blocks, SMs]}.
+    prev_per_sm = defaultdict(int)
+    for b in prev_blocks:
+        prev_per_sm[b["sm"]] += 1
+    by_count = defaultdict(lambda: [0, 0])
+    for n in prev_per_sm.values():
+        by_count[n][1] += 1
+    for b in bl:
+        if b["t0"] < prev_end - 0.5:
+            by_count[prev_per_sm.get(b["sm"], 0)][0] += 1
+    out["early"] = sum(v[0] for v in by_count.values())
+    out["early_by"] = dict(by_count)
     # GEMVs' t5: the block's loads issued, just before its wait (relative to the block's start).
     if launch["kind"] != 0x100 and working and all(b["extra"][1] >= 0 for b in working):
         first = min(working, key=lambda b: b["wait"] + b["t0"])
@@ -130,7 +145,7 @@ def main(argv):
         ends = []
         prev_end = None
         for i, l in enumerate(launches):
-            s = stat(l, prev_end if prev_end is not None else l["start"])
+            s = stat(l, prev_end if prev_end is not None else l["start"], launches[i - 1]["blocks"] if i > 0 else ())
             l["stat"] = s
             ends.append(s["abs_end"])
             prev_end = s["abs_end"]
@@ -155,7 +170,7 @@ def main(argv):
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         total = 0.0
         for role, stats in roles.items():
-            m = {k: med([s[k] for s in stats]) for k in stats[0] if k not in ("extra", "issue")}
+            m = {k: med([s[k] for s in stats]) for k in stats[0] if k not in ("extra", "issue", "early_by")}
             if role in LAYER_ROLES:
                 total += m["end"]
             blocks = f"{m['working']:.0f}/{m['blocks']:.0f}" if m["working"] != m["blocks"] else f"{m['blocks']:.0f}"
@@ -164,6 +179,16 @@ def main(argv):
             print(f"| {role} | {blocks} | {m['sms']:.0f} | {m['first_in']:.2f} | {m['last_in']:.2f} | {m['released']:.2f} | {m['staged_med']:.2f} / {m['staged']:.2f} | "
                   f"{m['loop_med']:.2f} / {m['loop']:.2f} | {m['end']:.2f} | {epilogue} | {gbs:.0f} |")
         print(f"\nsum of the layer's five shares: {total:.2f} us")
+        early = []
+        for role in LAYER_ROLES:
+            if role not in roles:
+                continue
+            stats = roles[role]
+            mid = stats[len(stats) // 2]  # one middle layer's SM picture
+            by = ", ".join(f"{n} on SMs with {c} ({sms} SMs)" for c, (n, sms) in sorted(mid["early_by"].items()) if n or c)
+            early.append(f"{role} {med([s_['early'] for s_ in stats]):.0f} of {mid['blocks']} ({by})")
+        print("blocks started > 0.5 us before the kernel before ended (median layer; one layer by the kernel before's "
+              "blocks on their SM): " + "; ".join(early))
         norms = [f"{role} {med([s_['extra'][0] for s_ in roles[role]]):.2f}" for role in ("q/k/v", "gate/up")
                  if role in roles and all("extra" in s_ for s_ in roles[role])]
         if norms:
