@@ -39,12 +39,14 @@ struct TimelineRing {
   //     wait, after the queries are rotated and the token's row stored, or after their chunks (no merge, no
   //     output), where a block holds every position (a short cache: one active block a KV head); so that the
   //     step's time without the rest of the chain says what that part costs in the overlapped step;
-  //   kProbePlainGemvStopAfterWait: the 4-bit plain-input GEMVs (o) return right after the wait.
+  //   kProbePlainGemvStopAfterWait: the 4-bit plain-input GEMVs (o) return right after the wait;
+  //   kProbeNormFewReaders: in RMSNorm GEMVs only blocks with blockIdx.x % 8 == 0 read x from L2, the others
+  //     take whatever their shared memory holds: the L2 traffic of x if a cluster of 8 blocks shared one copy.
   uint32_t probe = 0;
 };
 constexpr uint32_t kProbeNormSliceOnly = 1, kProbeNormNoWeight = 2, kProbeTouchArgs = 4, kProbeAttentionStopAfterWait = 8,
                    kProbeAttentionStopAfterQueries = 16, kProbeAttentionStopAfterChunks = 32,
-                   kProbePlainGemvStopAfterWait = 64;
+                   kProbePlainGemvStopAfterWait = 64, kProbeNormFewReaders = 128;
 constexpr int kTimelineWords = 12;
 constexpr int kTimelineStamps = 9;  // t0 .. t8
 constexpr uint32_t kTimelineAttention = 0x100;
