@@ -705,17 +705,17 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
         const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
         for (int k_splits : {0, 1, std::min(steps, 3)}) {
           std::vector<std::vector<float>> without_overlap;  // the bits the overlapped launch must give too
-          // 0: serial, 1: overlapped, 2: overlapped with x copied before any weight is asked for (input_first).
+          // 0: serial, 1: overlapped, 2: overlapped with the norm weights and x through the bulk copy engine.
           for (int mode : {0, 1, 2}) {
             const bool overlap = mode > 0;
             SCOPED_TRACE(std::to_string(c.bits) + "-bit, " + std::to_string(c.rows.size()) + " matrices of " +
                          std::to_string(c.cols) + " cols, group " + std::to_string(c.group) + ", " + input_name(input) +
                          " " + std::string(dtype_name(norm_dtype)) + ", k_splits " + std::to_string(k_splits) +
-                         (overlap ? ", overlapped" : "") + (mode == 2 ? ", input first" : ""));
+                         (overlap ? ", overlapped" : "") + (mode == 2 ? ", bulk-copied input" : ""));
             cuda::GemvOptions options;
             options.k_splits = k_splits;
             options.overlap_previous = overlap;
-            options.input_first = mode == 2;
+            options.input_bulk_copy = mode == 2;
             options.l2_prefetch_steps = overlap ? 64 : 0;
             std::vector<std::vector<float>> first;
             for (int run = 0; run < 2; ++run) {
@@ -735,7 +735,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
               }
             }
             if (!overlap) without_overlap = first;
-            else EXPECT_EQ(first, without_overlap) << "overlap (or input first) changed the bits";
+            else EXPECT_EQ(first, without_overlap) << "overlap (or the bulk-copied input) changed the bits";
           }
         }
       }

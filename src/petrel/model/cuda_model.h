@@ -111,12 +111,11 @@ struct CudaModelOptions {
   struct DecodePrefetch {
     int qkv = 0, o = -1, gate_up = 8, down = -1, down_grouped = 0;
   } decode_l2_prefetch;
-  // The fused step's RMSNorm products that copy x into shared memory after their wait before they ask for any
-  // weights (cuda::GemvOptions::input_first) instead of asking for their first weights before the wait. The
-  // decode bench's suffix "-ifN" (N: 1 q/k/v, 2 gate/up, 3 both).
-  struct DecodeInputFirst {
+  // The fused step's RMSNorm products that take their norm weights and x through the bulk copy engine
+  // (cuda::GemvOptions::input_bulk_copy). The decode bench's suffix "-ibN" (N: 1 q/k/v, 2 gate/up, 3 both).
+  struct DecodeInputBulk {
     bool qkv = false, gate_up = false;
-  } decode_input_first;
+  } decode_input_bulk;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

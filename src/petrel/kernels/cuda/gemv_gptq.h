@@ -97,12 +97,11 @@ struct GemvOptions {
   // adds varies from run to run, so with more than two slices y is no longer bitwise reproducible (two slices
   // into zeros are: a + b == b + a). Vector kernels (the token generator); ignored with cluster_reduce.
   bool atomic_reduce = false;
-  // 4-bit vector kernels with an RMSNorm input, with overlap_previous: the blocks ask for nothing but the norm
-  // weights before their wait; after it they copy x into shared memory first and only then issue their first
-  // weight loads and L2 prefetch, so that x (on every block's critical path) is not queued behind them. For a
-  // product whose blocks start only as the kernel before ends (gate/up in the token generator, behind o's
-  // blocks). The same sums: bitwise the same y.
-  bool input_first = false;
+  // 4-bit vector kernels with an RMSNorm input, on Hopper and later (ignored before): the norm weights of a
+  // block's slice (before its wait) and x (after it) come into shared memory through the bulk copy engine, one
+  // copy each, instead of through every thread's loads, which queue behind the block's first weight loads. The
+  // same sums: bitwise the same y.
+  bool input_bulk_copy = false;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
