@@ -324,9 +324,9 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   EXPECT_EQ(cuda_logits(**model, tokens, carved), overlapped);
   carved.decode_phase_carveouts = {100, -1, 100, 0, 40};  // and one per phase
   EXPECT_EQ(cuda_logits(**model, tokens, carved), overlapped);
-  CudaModelOptions bulk = fused;  // norm weights and x through the bulk copy engine: the same bits
-  bulk.decode_input_bulk = {true, true};
-  EXPECT_EQ(cuda_logits(**model, tokens, bulk), overlapped);
+  CudaModelOptions shallow = fused;  // two batches of weight loads in flight for the RMSNorm products: the same bits
+  shallow.decode_deep_batches = {false, false};
+  EXPECT_EQ(cuda_logits(**model, tokens, shallow), overlapped);
   // The resident step (Hopper and later): with the GEMV planner's input slices, the five-launch step's bits;
   // with its own (longer) slices, the same sums in another order.
   auto info = cuda::device_info(0);

@@ -650,7 +650,6 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
   const Case cases[] = {
       {{4096, 1024, 1024}, 4096, -1, 4, true},  // Llama-3.1-8B q/k/v
       {{136, 40}, 1040, -1, 4, false},          // per channel (three batches in flight), a last step of 2 words
-      {{136, 8}, 5120, -1, 4, false},           // x longer than the RMSNorm's shared copy (kNormCacheVectors)
       {{200, 72, 1032}, 4096, 128, 4, false},   // rows that are no multiple of the 128-row block
       {{520, 136}, 1024, 64, 4, false},
       {{8}, 64, 32, 4, true},
@@ -705,17 +704,14 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
         const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
         for (int k_splits : {0, 1, std::min(steps, 3)}) {
           std::vector<std::vector<float>> without_overlap;  // the bits the overlapped launch must give too
-          // 0: serial, 1: overlapped, 2: overlapped with the norm weights and x through the bulk copy engine.
-          for (int mode : {0, 1, 2}) {
-            const bool overlap = mode > 0;
+          for (bool overlap : {false, true}) {
             SCOPED_TRACE(std::to_string(c.bits) + "-bit, " + std::to_string(c.rows.size()) + " matrices of " +
                          std::to_string(c.cols) + " cols, group " + std::to_string(c.group) + ", " + input_name(input) +
                          " " + std::string(dtype_name(norm_dtype)) + ", k_splits " + std::to_string(k_splits) +
-                         (overlap ? ", overlapped" : "") + (mode == 2 ? ", bulk-copied input" : ""));
+                         (overlap ? ", overlapped" : ""));
             cuda::GemvOptions options;
             options.k_splits = k_splits;
             options.overlap_previous = overlap;
-            options.input_bulk_copy = mode == 2;
             options.l2_prefetch_steps = overlap ? 64 : 0;
             std::vector<std::vector<float>> first;
             for (int run = 0; run < 2; ++run) {
@@ -735,7 +731,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
               }
             }
             if (!overlap) without_overlap = first;
-            else EXPECT_EQ(first, without_overlap) << "overlap (or the bulk-copied input) changed the bits";
+            else EXPECT_EQ(first, without_overlap) << "overlap changed the bits";
           }
         }
       }

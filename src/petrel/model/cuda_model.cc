@@ -323,10 +323,10 @@ struct CudaModel::State {
   // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
   // A product's options in the fused step: its input splits and, where set, its own L2 prefetch steps
   // (CudaModelOptions::decode_splits, decode_l2_prefetch).
-  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, bool input_bulk = false) {
+  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, bool deep_batches = true) {
     o.k_splits = k_splits;
     if (l2_prefetch_steps >= 0) o.l2_prefetch_steps = l2_prefetch_steps;
-    o.input_bulk_copy = input_bulk;
+    o.deep_batches = deep_batches;
     return o;
   }
 
@@ -375,7 +375,7 @@ struct CudaModel::State {
         const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
                                                        for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv,
-                                                                 options.decode_input_bulk.qkv),
+                                                                 options.decode_deep_batches.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
       if (!(skip & CudaModelOptions::kSkipAttention)) {
@@ -401,7 +401,7 @@ struct CudaModel::State {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
         PETREL_RETURN_IF_ERROR(
             cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up,
-                                                                                          options.decode_input_bulk.gate_up),
+                                                                                          options.decode_deep_batches.gate_up),
                                     clearing(post_attention_norm, q, c.q_dim())));
       }
       cuda::GemvFusion silu_and_add;

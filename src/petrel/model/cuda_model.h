@@ -111,11 +111,13 @@ struct CudaModelOptions {
   struct DecodePrefetch {
     int qkv = 0, o = -1, gate_up = 8, down = -1, down_grouped = 0;
   } decode_l2_prefetch;
-  // The fused step's RMSNorm products that take their norm weights and x through the bulk copy engine
-  // (cuda::GemvOptions::input_bulk_copy). The decode bench's suffix "-ibN" (N: 1 q/k/v, 2 gate/up, 3 both).
-  struct DecodeInputBulk {
-    bool qkv = false, gate_up = false;
-  } decode_input_bulk;
+  // The fused step's RMSNorm products that keep three batches of weight loads in flight per channel
+  // (cuda::GemvOptions::deep_batches); the decode bench's suffix "-shallowN" turns it off for mask N (1 q/k/v,
+  // 2 gate/up). Three gained 1.2% on an H200 in session 16; two for both ("-shallow3") gained 0.3-1.0% on an
+  // H100 in session 33 (docs/PERFORMANCE.md): the default stays until an H200 says otherwise.
+  struct DecodeDeepBatches {
+    bool qkv = true, gate_up = true;
+  } decode_deep_batches;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

@@ -205,7 +205,7 @@ struct GemvArgs {
   int total_tiles;     // row tiles of all parts (the grid's blocks when row_tiles is 1)
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
-  int input_bulk_copy;   // the kBuildInputBulk build (GemvOptions::input_bulk_copy; 4-bit RMSNorm vector kernels)
+  int shallow;           // not the kBuildDeep build where it would be (GemvOptions::deep_batches off)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -398,9 +398,7 @@ constexpr int kNormCacheVectors = 1024;
 // from the whole vector (16 KB for Llama-3.1-8B, from L2: cheaper than a launch of its own), all loads issued
 // together. Float32 sums in a tree order, as norm.cu; the same expression for the result. Every thread calls it.
 // probe: TimelineRing::probe in the timeline build (0 in the product's: folded away).
-// kCached (the kBuildInputBulk builds): the first kNormCacheVectors float4 are already in x_cache (the bulk copy
-// engine put them there) and are read from there; the sum is the same either way.
-template <GemvInput kInput, bool kCached = false>
+template <GemvInput kInput>
 __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cache, uint32_t probe, int64_t slice_begin4,
                                                int64_t slice_end4) {
   if constexpr (kInput != GemvInput::kRmsNorm) {
@@ -408,7 +406,7 @@ __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cach
   } else {
     const float4* x4 = reinterpret_cast<const float4*>(a.x);
     const bool slice_only = probe & kProbeNormSliceOnly;
-    const bool cached = kCached || ((probe & kProbeNormFewReaders) && blockIdx.x % 8 != 0);  // probe: wrong x
+    const bool cached = (probe & kProbeNormFewReaders) && blockIdx.x % 8 != 0;  // probe: x_cache's old bytes
     const int64_t n4 = slice_only ? slice_end4 : a.cols / 4;  // cols % 4 == 0 (gemv_gptq_supports)
     float sum = 0.0f;
 #pragma unroll 8
@@ -545,20 +543,10 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // loads in flight instead of two. Build flags that measured slower and were removed (session 17,
 // docs/PERFORMANCE.md): the first register batches after the wait (only L2 prefetch before it) for o, -1.7%
 // tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
-// kBuildInputBulk (RMSNorm input, sm_90 and later; elsewhere the build without it): the norm weights (before the
-// wait) and x (after it) come into shared memory through the bulk copy engine, one copy each, completing on an
-// mbarrier, instead of through each thread's loads (cp.async, __ldcg) queued behind the block's weight loads
-// (GemvOptions::input_bulk_copy).
-constexpr unsigned kBuildDeep = 1, kBuildInputBulk = 2;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool kHaveBulkCopy = true;
-#else
-constexpr bool kHaveBulkCopy = false;
-#endif
+constexpr unsigned kBuildDeep = 1;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kDeep = kBuild & kBuildDeep;
-  constexpr bool kInputBulk = (kBuild & kBuildInputBulk) && kInput == GemvInput::kRmsNorm && kHaveBulkCopy;
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
@@ -593,35 +581,17 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // block's critical path (the timeline measured ~1 us a RMSNorm kernel with them read from global memory).
   const char* const norm_slice = shared_bytes + layout.norm;
   const int64_t norm_first = slice.first_word * (32 / kBits);  // the slice's first element
-  // kInputBulk: the barrier the bulk copies of the norm weights and of x complete on (one phase, one arrival).
-  __shared__ uint64_t input_bar;
-  if constexpr (kInputBulk) {
-    if (threadIdx.x == 0) {
-      mbarrier_init(&input_bar, 1);
-      fence_barrier_init();
-    }
-    __syncthreads();
-  }
-  const int64_t x_bulk_bytes = 16 * min(a.cols / 4, int64_t{kNormCacheVectors});  // kInputBulk: x's copy
   if constexpr (kInput == GemvInput::kRmsNorm) {
     const int elem = weight_type_bytes(a.norm_type);
     const int64_t words = min(int64_t{slice.steps} * kWordsPerStep, a.words - slice.first_word);
     const char* from = static_cast<const char*>(a.norm_weight) + norm_first * elem;
     // A slice starts on a step (4 words, 32 or 16 weights): 16-byte aligned. Its bytes are a multiple of 8.
     const int64_t bytes = words * (32 / kBits) * elem;
-    if (kInputBulk && bytes % 16 == 0) {
-      if (threadIdx.x == 0) {
-        mbarrier_arrive_expect_tx(&input_bar, static_cast<uint32_t>(bytes + x_bulk_bytes));
-        bulk_copy_to_shared(shared_bytes + layout.norm, from, static_cast<uint32_t>(bytes), &input_bar);
-      }
-    } else {
-      if (kInputBulk && threadIdx.x == 0) mbarrier_arrive_expect_tx(&input_bar, static_cast<uint32_t>(x_bulk_bytes));
-      for (int64_t off = int64_t{threadIdx.x} * 16; off < bytes; off += kThreads * 16) {
-        if (off + 16 <= bytes) cp_async16(shared_bytes + layout.norm + off, from + off);
-        else cp_async8(shared_bytes + layout.norm + off, from + off);
-      }
-      cp_async_commit();
+    for (int64_t off = int64_t{threadIdx.x} * 16; off < bytes; off += kThreads * 16) {
+      if (off + 16 <= bytes) cp_async16(shared_bytes + layout.norm + off, from + off);
+      else cp_async8(shared_bytes + layout.norm + off, from + off);
     }
+    cp_async_commit();
   }
   auto load_batch = [&](const TileView& tv, uint4 (&batch)[kBatch], int first) {
     const int64_t step_stride = kWordsPerStep * tv.m.rows;
@@ -709,20 +679,12 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     __shared__ float4 norm_cache[kNormCacheVectors];
     x_cache = norm_cache;
   }
-  const int64_t slice_begin4 = slice.first_word * (32 / kBits) / 4;
-  const int64_t slice_end4 = min(a.cols / 4, slice_begin4 + int64_t{slice.steps} * kWordsPerStep * (32 / kBits) / 4);
-  if constexpr (kInputBulk) {
-    if (threadIdx.x == 0) {
-      // x was written by the previous kernel (generic proxy); the copy engine reads it through L2.
-      asm volatile("fence.proxy.async.global;" ::: "memory");
-      bulk_copy_to_shared(x_cache, a.x, static_cast<uint32_t>(x_bulk_bytes), &input_bar);
-    }
-  }
   // This thread's copies of the norm weights done; the block's barrier in input_inv_rms makes all visible.
-  // kInputBulk: both bulk copies landed (the barrier's phase complete makes them visible to each waiting thread).
   if constexpr (kInput == GemvInput::kRmsNorm) cp_async_wait<0>();
-  if constexpr (kInputBulk) mbarrier_wait(&input_bar, 0);
-  const float inv_rms = input_inv_rms<kInput, kInputBulk>(a, x_cache, probe, slice_begin4, slice_end4);
+  const int64_t slice_begin4 = slice.first_word * (32 / kBits) / 4;
+  const float inv_rms = input_inv_rms<kInput>(
+      a, x_cache, probe, slice_begin4,
+      min(a.cols / 4, slice_begin4 + int64_t{slice.steps} * kWordsPerStep * (32 / kBits) / 4));
   if constexpr (kInput == GemvInput::kRmsNorm) stamp(4);
 
   // x of this slice in fp16, per word in fragment order: 4-bit {x0,x4},{x1,x5},{x2,x6},{x3,x7}; 8-bit
@@ -1108,17 +1070,14 @@ cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool ove
 // (the token generator's q/k/v and gate/up) whose slices lie in one group (per channel): 8B on an H200 (session
 // 16, docs/PERFORMANCE.md), tg128 per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build
 // lost ~1% (not understood: it lost also with a probe that took the scales' and zeros' latency out), and three
-// batches for the SiLU*up product (down) too gained less (+0.7%).
+// batches for the SiLU*up product (down) too gained less (+0.7%). GemvOptions::deep_batches off (args.shallow)
+// keeps two: on an H100 in session 33 that was +0.3 to +1.0% per channel (7 pairs); not yet run on an H200.
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
-      if (args.input_bulk_copy) {
-        if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep | kBuildInputBulk>(grid, shared, stream, overlap, args);
-        return launch_build<kBits, kInput, 0, kBuildInputBulk>(grid, shared, stream, overlap, args);
-      }
-      if (one_group) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
+      if (one_group && !args.shallow) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
@@ -1233,7 +1192,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.x_stride_bytes = static_cast<int>(plan.x_stride_bytes);
   if (tokens > 0) args.cluster_reduce = 0;
   args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
-  args.input_bulk_copy = tokens == 0 && options.input_bulk_copy && fusion.input == GemvInput::kRmsNorm;
+  args.shallow = !options.deep_batches;
   for (int c = 0; c < 2; ++c) {
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;

@@ -97,11 +97,9 @@ struct GemvOptions {
   // adds varies from run to run, so with more than two slices y is no longer bitwise reproducible (two slices
   // into zeros are: a + b == b + a). Vector kernels (the token generator); ignored with cluster_reduce.
   bool atomic_reduce = false;
-  // 4-bit vector kernels with an RMSNorm input, on Hopper and later (ignored before): the norm weights of a
-  // block's slice (before its wait) and x (after it) come into shared memory through the bulk copy engine, one
-  // copy each, instead of through every thread's loads, which queue behind the block's first weight loads. The
-  // same sums: bitwise the same y.
-  bool input_bulk_copy = false;
+  // 4-bit vector kernels with an RMSNorm input whose slices lie in one group (per channel) keep three batches of
+  // weight loads in flight (gemv_gptq.cu, kBuildDeep); false: two, as every other vector kernel.
+  bool deep_batches = true;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
