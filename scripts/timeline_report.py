@@ -2,7 +2,7 @@
 """Reads the block timeline CSV of `petrel_bench_decode_cuda --timeline FILE` and prints where a decode step's
 time goes, per kernel of a layer (medians over the middle layers of each recorded step).
 
-  python3 scripts/timeline_report.py FILE [--layer-bins N]
+  python3 scripts/timeline_report.py FILE [--layer-bins N] [--blocks]
 
 A variant that ran twice into one file (named twice in --variants) is reported per run: "name", "name #2".
 
@@ -25,6 +25,11 @@ GEMVs: a line gives how long a block takes to issue its loads, prefetches and co
 its start: median and slowest block) and how long the first block past the wait waited after that.
 Attention: "staged" = queries rotated and the token's key and value stored, "loop" = the first chunks in
 shared memory; a line below the table gives its later stamps.
+--blocks: for the RMSNorm GEMVs (q/k/v, gate/up) of one middle layer, the spread over their blocks (quantiles 0, 10,
+50, 90, 100%) of when each started, passed its wait, had its sum of squares (x read and reduced) and its input staged,
+and left its loop, relative to the end of the kernel before (session 33: gate/up's blocks start as o's end, issue
+their first weight loads for ~2.3 us and pass the wait then; x takes ~3 us more), and the loop ends by how many of
+the launch's blocks shared the SM.
 A layer's bins (--layer-bins) show the weight bytes streamed per bin: where the memory idles. With t5 stamps
 (session 17) a block's first min(steps, 16) steps, asked for before its wait, are spread over its start .. t5 +
 1 us and the rest over its main loop; without them each block's bytes are spread over its start .. loop end.
@@ -108,6 +113,7 @@ def main(argv):
         print(__doc__)
         return 2
     bins = 0
+    per_block = "--blocks" in argv
     if "--layer-bins" in argv:
         bins = int(argv[argv.index("--layer-bins") + 1])
     steps = defaultdict(list)
@@ -132,6 +138,7 @@ def main(argv):
     layer_times = defaultdict(list)
     step_spans = defaultdict(list)
     sample_layer = {}
+    block_layer = {}  # (variant, group) -> [(role, launch, the kernel before's end)] of one middle layer
     for (variant, group, step), rows in sorted(steps.items()):
         launches = launches_of(rows)
         kinds = [l["kind"] for l in launches]
@@ -157,6 +164,9 @@ def main(argv):
         tail = launches[starts[-1] + 5:]
         for l in tail:
             per_config[key]["after the layers: " + KIND_NAMES.get(l["kind"], hex(l["kind"]))].append(l["stat"])
+        if per_block and key not in block_layer:
+            li = middle[len(middle) // 2]
+            block_layer[key] = [(LAYER_ROLES[k], launches[li + k], ends[li + k - 1]) for k in (0, 3)]
         if bins and key not in sample_layer:
             li = middle[len(middle) // 2]
             t_begin, t_end = ends[li - 1], ends[li + 4]
@@ -204,6 +214,31 @@ def main(argv):
             e = [med([x[k] for x in att]) for k in range(4)]
             print(f"attention's working blocks, medians after q/k/v's end: first round's scores {e[0]:.2f}, its values "
                   f"{e[1]:.2f}, all rounds {e[2]:.2f}, slots merged and written {e[3]:.2f} us")
+        for role, launch, prev_end in block_layer.get(key, []):
+            bl = [b for b in launch["blocks"] if b["wait"] >= 0]
+
+            def spread_of(values):
+                v = sorted(values)
+                return " / ".join(f"{v[int(q * (len(v) - 1))]:.2f}" for q in (0, 0.1, 0.5, 0.9, 1)) if v else "-"
+
+            at = lambda k: [b["t0"] + b[k] - prev_end for b in bl if b[k] >= 0]
+            t4 = [b for b in bl if b["extra"][0] >= 0]
+            print(f"\n{role}'s blocks in one layer (us after the kernel before's end; quantiles 0 / 10 / 50 / 90 / 100%):")
+            print(f"  started {spread_of(b['t0'] - prev_end for b in bl)}")
+            print(f"  past the wait {spread_of(at('wait'))}")
+            if t4:
+                print(f"  sum of squares done {spread_of(b['t0'] + b['extra'][0] - prev_end for b in t4)}"
+                      f" (after the wait: {spread_of(b['extra'][0] - b['wait'] for b in t4)})")
+            print(f"  staged {spread_of(at('staged'))}")
+            print(f"  out of the loop {spread_of(at('loop'))}")
+            per_sm = defaultdict(list)
+            for b in bl:
+                per_sm[b["sm"]].append(b)
+            by_count = defaultdict(list)  # the launch's blocks on an SM -> those SMs' median loop ends
+            for sm_blocks in per_sm.values():
+                by_count[len(sm_blocks)].append(statistics.median(b["t0"] + b["loop"] - prev_end for b in sm_blocks if b["loop"] >= 0))
+            print("  out of the loop by its blocks on an SM: " + "; ".join(
+                f"{n} a SM: {len(v)} SMs, median {statistics.median(v):.2f}, last {max(v):.2f}" for n, v in sorted(by_count.items())))
         if key in sample_layer:
             t_begin, t_end, ls = sample_layer[key]
             width = (t_end - t_begin) / bins
