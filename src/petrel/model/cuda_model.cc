@@ -321,8 +321,9 @@ struct CudaModel::State {
   //   down_proj GEMV, SiLU(gate) * up in its staging, x += in its epilogue.
   // x is the residual stream, up to date after every layer (the unfused step keeps the last add pending in
   // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
-  // A product's options in the fused step: its input splits and, where set, its own L2 prefetch steps
-  // (CudaModelOptions::decode_splits, decode_l2_prefetch).
+  // A product's options in the fused step: its input splits, where set its own L2 prefetch steps, and whether an
+  // RMSNorm product keeps three batches of loads in flight (CudaModelOptions::decode_splits, decode_l2_prefetch,
+  // decode_deep_batches).
   static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, bool deep_batches = true) {
     o.k_splits = k_splits;
     if (l2_prefetch_steps >= 0) o.l2_prefetch_steps = l2_prefetch_steps;
