@@ -926,7 +926,11 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     } else {
       // Every thread of a quad holds the same sums (all D columns are equal); the first writes them.
       stamp(3);
-      finish_rows(a, v.m, tile, v.row0, v.row, make_float4(total[0][0], total[0][1], total[0][2], total[0][3]),
+      GemvPart out = v.m;
+      if constexpr (kTimeline && kInput == GemvInput::kSiluMul) {
+        if (probe & kProbeSiluAddsElsewhere) out.y = a.partials;  // probe: down's adds into scratch, x untouched
+      }
+      finish_rows(a, out, tile, v.row0, v.row, make_float4(total[0][0], total[0][1], total[0][2], total[0][3]),
                   v.row_ok && quad_col == 0);
       // GemvFusion::clear: after the wait (above), with the hot loop's registers free.
       const int64_t blocks = int64_t{gridDim.x} * gridDim.y;

@@ -41,12 +41,15 @@ struct TimelineRing {
   //     step's time without the rest of the chain says what that part costs in the overlapped step;
   //   kProbePlainGemvStopAfterWait: the 4-bit plain-input GEMVs (o) return right after the wait;
   //   kProbeNormFewReaders: in RMSNorm GEMVs only blocks with blockIdx.x % 8 == 0 read x from L2, the others
-  //     take whatever their shared memory holds: the L2 traffic of x if a cluster of 8 blocks shared one copy.
+  //     take whatever their shared memory holds: the L2 traffic of x if a cluster of 8 blocks shared one copy;
+  //   kProbeSiluAddsElsewhere: the SiLU*up GEMV (down) with atomic split-K adds its slices into the workspace's
+  //     partials instead of its output (the residual x stays as it was).
   uint32_t probe = 0;
 };
 constexpr uint32_t kProbeNormSliceOnly = 1, kProbeNormNoWeight = 2, kProbeTouchArgs = 4, kProbeAttentionStopAfterWait = 8,
                    kProbeAttentionStopAfterQueries = 16, kProbeAttentionStopAfterChunks = 32,
-                   kProbePlainGemvStopAfterWait = 64, kProbeNormFewReaders = 128;
+                   kProbePlainGemvStopAfterWait = 64, kProbeNormFewReaders = 128,
+                   kProbeSiluAddsElsewhere = 256;
 constexpr int kTimelineWords = 12;
 constexpr int kTimelineStamps = 9;  // t0 .. t8
 constexpr uint32_t kTimelineAttention = 0x100;
