@@ -927,11 +927,20 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       // Every thread of a quad holds the same sums (all D columns are equal); the first writes them.
       stamp(3);
       GemvPart out = v.m;
-      if constexpr (kTimeline && kInput == GemvInput::kSiluMul) {
-        if (probe & kProbeSiluAddsElsewhere) out.y = a.partials;  // probe: down's adds into scratch, x untouched
+      const float4 row_sums = make_float4(total[0][0], total[0][1], total[0][2], total[0][3]);
+      const bool writer = v.row_ok && quad_col == 0;
+      bool finished = false;
+      if constexpr (kTimeline && kInput == GemvInput::kSiluMul) {  // probes of down's split-K adds (timeline.h)
+        if (probe & kProbeSiluAddsElsewhere) out.y = a.partials;  // into scratch, x untouched
+        if ((probe & kProbeSiluStores) && a.atomic_reduce && a.k_splits > 1) {
+          if (writer) *reinterpret_cast<float4*>(out.y + v.row) = row_sums;  // stores, not adds: wrong sums
+          finished = true;
+        }
       }
-      finish_rows(a, out, tile, v.row0, v.row, make_float4(total[0][0], total[0][1], total[0][2], total[0][3]),
-                  v.row_ok && quad_col == 0);
+      if (!finished) finish_rows(a, out, tile, v.row0, v.row, row_sums, writer);
+      if constexpr (kTimeline && kInput == GemvInput::kSiluMul) {
+        if (probe & kProbeSiluFence) __threadfence();  // the block's adds performed before it ends
+      }
       // GemvFusion::clear: after the wait (above), with the hot loop's registers free.
       const int64_t blocks = int64_t{gridDim.x} * gridDim.y;
       const int64_t b = int64_t{blockIdx.y} * gridDim.x + blockIdx.x;

@@ -43,13 +43,16 @@ struct TimelineRing {
   //   kProbeNormFewReaders: in RMSNorm GEMVs only blocks with blockIdx.x % 8 == 0 read x from L2, the others
   //     take whatever their shared memory holds: the L2 traffic of x if a cluster of 8 blocks shared one copy;
   //   kProbeSiluAddsElsewhere: the SiLU*up GEMV (down) with atomic split-K adds its slices into the workspace's
-  //     partials instead of its output (the residual x stays as it was).
+  //     partials instead of its output (the residual x stays as it was);
+  //   kProbeSiluStores: the same GEMV stores its slices' sums instead of adding them (wrong sums, no atomics);
+  //   kProbeSiluFence: the same GEMV's threads fence (__threadfence) after their adds, before the block ends
+  //     (the right sums: whether the adds' completion at the grid's end is what the next launch waits for).
   uint32_t probe = 0;
 };
 constexpr uint32_t kProbeNormSliceOnly = 1, kProbeNormNoWeight = 2, kProbeTouchArgs = 4, kProbeAttentionStopAfterWait = 8,
                    kProbeAttentionStopAfterQueries = 16, kProbeAttentionStopAfterChunks = 32,
                    kProbePlainGemvStopAfterWait = 64, kProbeNormFewReaders = 128,
-                   kProbeSiluAddsElsewhere = 256;
+                   kProbeSiluAddsElsewhere = 256, kProbeSiluStores = 512, kProbeSiluFence = 1024;
 constexpr int kTimelineWords = 12;
 constexpr int kTimelineStamps = 9;  // t0 .. t8
 constexpr uint32_t kTimelineAttention = 0x100;
