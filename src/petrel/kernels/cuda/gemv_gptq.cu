@@ -927,8 +927,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
           if (next_tile >= 0) {
             next_view = tile_view(a, next_tile, slice.first_word, warp, quad_row, quad_col);
             // Per channel: the next tile's one row of scales and zeros, into the registers the group walk
-            // would use (unused in a tile of one group). Not start_tile_params(next_view): with it the build
-            // spills (12 bytes at 128 registers, ptxas for sm_90a).
+            // would use (unused in a tile of one group).
             scales_at = next_view.m.scales + next_view.row;
             zeros_at = next_view.m.qzeros + next_view.row * kBits / 32;
             load_raw_params(scales_at, zeros_at, next_view.row_ok, next_scales, next_zeros);
