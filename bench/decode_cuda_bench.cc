@@ -55,10 +55,8 @@
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
-//   any of them with "-shallowN" (before "-takeN"): the RMSNorm products of bit mask N (1 q/k/v, 2 gate/up) with two
+//   any of them with "-shallowN" (before "-ctxN"): the RMSNorm products of bit mask N (1 q/k/v, 2 gate/up) with two
 //                     batches of weight loads in flight per channel, not three (CudaModelOptions::decode_deep_batches)
-//   any of them with "-takeN" (before "-ctxN"): gate/up's blocks take row tiles from counters, ceil(tiles / N) blocks
-//                     a slice (CudaModelOptions::decode_take_tiles), e.g. fused-splits-0-0-4-0-take2
 //   any of them with "-carveN" (before "-shallowN"): the decode step's overlapped launches ask for an N% shared-memory
 //                     carveout (0 to 100; CudaModelOptions::decode_shared_carveout), e.g. fused-carve100
 //   any of them with "-carvesQ-A-O-G-D" (before "-carveN"): a carveout per phase of the layers (q/k/v, attention,
@@ -262,11 +260,8 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
-  // "-shallowN" (after any "-carveN", before "-takeN"): the RMSNorm products of mask N (1 q/k/v, 2 gate/up) with two
+  // "-shallowN" (after any "-carveN", before "-ctxN"): the RMSNorm products of mask N (1 q/k/v, 2 gate/up) with two
   // batches of weight loads in flight per channel, not three (CudaModelOptions::decode_deep_batches), e.g. fused-shallow2.
-  // "-takeN" (after any "-shallowN", before "-ctxN"): gate/up's blocks take row tiles from counters, ceil(tiles / N)
-  // blocks a slice (CudaModelOptions::decode_take_tiles), e.g. fused-splits-0-0-4-0-take2.
-  if (int64_t take = 0; take_number_suffix(base, "-take", 2, &take)) o.decode_take_tiles = static_cast<int>(take);
   if (int64_t shallow = 0; take_number_suffix(base, "-shallow", 1, &shallow)) {
     if (shallow > 3) return false;
     o.decode_deep_batches.qkv = !(shallow & 1);

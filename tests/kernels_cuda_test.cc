@@ -803,63 +803,6 @@ TEST(KernelsCuda, GemvResidualEpilogueUpdatesTheStreamInPlace) {
   }
 }
 
-// GemvOptions::take_tiles (the gate/up experiment of session 33): blocks take row tiles of their slice from
-// counters; against the reference, against the same launch without it (the same sums in another order), in two
-// launches in a row (the counters must be back at zero after each, or the second would skip tiles), with the
-// counters read back at zero. A shape that does not qualify (a slice of 12 steps) runs the ordinary grid.
-TEST(KernelsCuda, GemvTakingRowTilesMatchesReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  std::mt19937 rng(35);
-  auto workspace = cuda::GemvWorkspace::create();
-  ASSERT_TRUE(workspace.ok());
-  struct Case { std::vector<int64_t> rows; int64_t cols; int k_splits, take; };
-  for (const Case& c : {Case{{14336, 14336}, 4096, 4, 2}, Case{{1000, 300}, 1024, 2, 3}, Case{{4096}, 4096, 4, 5},
-                        Case{{136, 40}, 1024, 1, 2}, Case{{520}, 768, 2, 2}}) {
-    std::vector<TestGptq> matrices;
-    for (int64_t rows : c.rows) matrices.push_back(make_gptq(rng, rows, c.cols, 4, -1, false));
-    const std::vector<float> x = random_floats(rng, c.cols, 2.0f), norm = random_floats(rng, c.cols);
-    std::vector<float> in(c.cols);
-    ref::rms_norm(x.data(), 1, c.cols, ref::DenseMatrix{DType::kF32, 1, c.cols, norm.data()},
-                  1e-5f, in.data());
-    const std::vector<float> in16 = round_to_f16(in);
-    cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4), norm_dev = to_device(norm.data(), norm.size() * 4);
-    cuda::GemvFusion fusion;
-    fusion.input = cuda::GemvInput::kRmsNorm;
-    fusion.norm_weight = cuda::DeviceVector{DType::kF32, c.cols, norm_dev.data()};
-    fusion.norm_eps = 1e-5f;
-    std::vector<std::vector<float>> without;
-    for (int take : {0, c.take, c.take}) {
-      SCOPED_TRACE(std::to_string(c.rows[0]) + "x" + std::to_string(c.cols) + " k_splits " + std::to_string(c.k_splits) +
-                   " take " + std::to_string(take));
-      std::vector<cuda::DeviceBuffer> outputs;
-      std::vector<cuda::GemvGroupMember> members;
-      for (const TestGptq& m : matrices) {
-        outputs.push_back(to_device(std::vector<float>(m.host.rows, 0.0f).data(), m.host.rows * 4));
-        members.push_back({&m.device.view(), outputs.back().as<float>()});
-      }
-      cuda::GemvOptions options;
-      options.k_splits = c.k_splits;
-      options.overlap_previous = true;
-      options.atomic_reduce = true;
-      options.take_tiles = take;
-      Status st = cuda::gemv_gptq_grouped(members, x_dev.as<float>(), *workspace, nullptr, options, fusion);
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      ASSERT_TRUE(cuda::synchronize().ok());
-      for (size_t i = 0; i < matrices.size(); ++i) {
-        std::vector<float> want(matrices[i].host.rows);
-        ref::matmul(in16.data(), 1, matrices[i].host.view(), want.data());
-        const std::vector<float> got = download_floats(outputs[i], matrices[i].host.rows);
-        EXPECT_LE(relative_l2(got, want), 1e-4) << "matrix " << i;
-        if (take == 0) without.push_back(got);
-        else EXPECT_LE(relative_l2(got, without[i]), 1e-6) << "matrix " << i;
-      }
-      std::vector<uint32_t> counters(17, 1u);
-      ASSERT_TRUE(cuda::copy_to_host(counters.data(), workspace->counters(), counters.size() * 4, nullptr).ok());
-      EXPECT_EQ(counters, std::vector<uint32_t>(17, 0u)) << "the counters must be zero between launches";
-    }
-  }
-}
-
 // Atomic split-K (GemvOptions::atomic_reduce): the slices added into y in place (the residual stream) or into
 // zeros left by another launch's GemvFusion::clear, against the reference; two slices into zeros bitwise the
 // same on every run.

@@ -324,12 +324,10 @@ struct CudaModel::State {
   // A product's options in the fused step: its input splits, where set its own L2 prefetch steps, and whether an
   // RMSNorm product keeps three batches of loads in flight (CudaModelOptions::decode_splits, decode_l2_prefetch,
   // decode_deep_batches).
-  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, bool deep_batches = true,
-                                     int take_tiles = 0) {
+  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, bool deep_batches = true) {
     o.k_splits = k_splits;
     if (l2_prefetch_steps >= 0) o.l2_prefetch_steps = l2_prefetch_steps;
     o.deep_batches = deep_batches;
-    o.take_tiles = take_tiles;
     return o;
   }
 
@@ -404,8 +402,7 @@ struct CudaModel::State {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
         PETREL_RETURN_IF_ERROR(
             cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up,
-                                                                                          options.decode_deep_batches.gate_up,
-                                                                                          options.decode_take_tiles),
+                                                                                          options.decode_deep_batches.gate_up),
                                     clearing(post_attention_norm, q, c.q_dim())));
       }
       cuda::GemvFusion silu_and_add;

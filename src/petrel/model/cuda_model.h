@@ -118,10 +118,6 @@ struct CudaModelOptions {
   struct DecodeDeepBatches {
     bool qkv = true, gate_up = true;
   } decode_deep_batches;
-  // gate/up's blocks take row tiles from counters (cuda::GemvOptions::take_tiles; 0: off); the decode bench's
-  // suffix "-takeN". Experiment (session 33, not yet run on a GPU): with gate/up in 4 slices (decode_splits),
-  // 448 blocks each computing ~2 row tiles of 32 steps, the blocks on SMs holding fewer do more.
-  int decode_take_tiles = 0;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

@@ -206,7 +206,6 @@ struct GemvArgs {
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
   int shallow;           // not the kBuildDeep build where it would be (GemvOptions::deep_batches off)
-  int take_tiles;        // the kBuildTake build: grid.x static row tiles a slice, the rest taken (GemvOptions::take_tiles)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -544,18 +543,10 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // loads in flight instead of two. Build flags that measured slower and were removed (session 17,
 // docs/PERFORMANCE.md): the first register batches after the wait (only L2 prefetch before it) for o, -1.7%
 // tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
-// kBuildTake (4-bit vector kernels, one group a slice, atomic split-K, slices a whole number of rounds; launch_gemv
-// checks): the grid holds gridDim.x of each slice's row tiles; a block computes row tile blockIdx.x, then takes
-// further row tiles of its slice (its staged x still applies) from the slice's counter in a.counters until none
-// are left, so that blocks on lightly loaded SMs do more of the product. Each tile's claim goes out a round before
-// the tile's last round (only that round waits for it) and the next tile's first batches and scales are loaded in
-// the last round, as the loop's own next round would be; the last block to finish zeroes the counters.
-constexpr unsigned kBuildDeep = 1, kBuildTake = 2;
+constexpr unsigned kBuildDeep = 1;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kDeep = kBuild & kBuildDeep;
-  constexpr bool kTake = (kBuild & kBuildTake) && kTiles == 0;
-  static_assert(!(kTake && kDeep), "the take build keeps two batches in flight (a round of 8 steps)");
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
@@ -901,52 +892,22 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
   };
 
-  // kTake: the row tile taken after the current one (-1: none); thread 0's claim in flight until the broadcast
-  // (two slots, by the tile's parity, so that a slow warp's read is never overwritten by the next tile's).
-  int next_tile = -1, tiles_done = 0, current_tile = first_tile;
-  uint32_t claim = 0;
-  __shared__ int taken[2];
-  TileView next_view = v;
   for (int r = 0;; ++r) {
     // kInFlight batches in flight: while one is computed, the others' loads are outstanding; each batch's next
     // loads go out as soon as it is computed.
     constexpr int kRound = kInFlight * kBatch;  // steps a round of the loop computes
     for (int first = 0; first < slice.steps; first += kRound) {
-      if constexpr (kTake) {
-        const bool last_round = first + kRound >= slice.steps;
-        if (threadIdx.x == 0 && (first + 2 * kRound == slice.steps || (last_round && first == 0))) {
-          claim = atomicAdd(a.counters + blockIdx.y, 1u);
-        }
-        if (last_round) {
-          if (threadIdx.x == 0) {
-            const int64_t tile = int64_t{gridDim.x} + claim;
-            taken[tiles_done % 2] = tile < a.total_tiles ? static_cast<int>(tile) : -1;
-          }
-          __syncthreads();
-          next_tile = taken[tiles_done % 2];
-          if (next_tile >= 0) {
-            next_view = tile_view(a, next_tile, slice.first_word, warp, quad_row, quad_col);
-            // Per channel: the next tile's one row of scales and zeros, into the registers the group walk
-            // would use (unused in a tile of one group).
-            scales_at = next_view.m.scales + next_view.row;
-            zeros_at = next_view.m.qzeros + next_view.row * kBits / 32;
-            load_raw_params(scales_at, zeros_at, next_view.row_ok, next_scales, next_zeros);
-          }
-        }
-      }
       compute_batch(ping, first);
       if (first + kRound < slice.steps) load_batch(v, ping, first + kRound);
-      else if (kTake && next_tile >= 0) load_batch(next_view, ping, 0);
       if (first + kBatch < slice.steps) compute_batch(pong, first + kBatch);
       if (first + kBatch + kRound < slice.steps) load_batch(v, pong, first + kBatch + kRound);
-      else if (kTake && next_tile >= 0) load_batch(next_view, pong, kBatch);
       if constexpr (kInFlight == 3) {
         if (first + 2 * kBatch < slice.steps) compute_batch(pang, first + 2 * kBatch);
         if (first + 2 * kBatch + kRound < slice.steps) load_batch(v, pang, first + 2 * kBatch + kRound);
       }
     }
     promote();
-    const int tile = kTake ? current_tile : first_tile + r;
+    const int tile = first_tile + r;
     if constexpr (kBatched) {
       // The next row tile's first loads and parameters go out before this one's epilogue.
       const bool more = r + 1 < row_tiles && tile + 1 < a.total_tiles;
@@ -980,27 +941,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       if constexpr (kTimeline && kInput == GemvInput::kSiluMul) {
         if (probe & kProbeSiluFence) __threadfence();  // the block's adds performed before it ends
       }
-      if constexpr (kTake) {
-        ++tiles_done;
-        if (next_tile >= 0) {
-          v = next_view;
-          current_tile = next_tile;
-          raw_scales = next_scales;
-          raw_zeros = next_zeros;
-          decode_params();
-          clear();
-          next_tile = -1;
-          continue;
-        }
-        // Every claim of this launch has been answered before its block counts itself here: the last block to
-        // count zeroes the counters for the next launch.
-        if (threadIdx.x == 0) {
-          const uint32_t blocks = gridDim.x * gridDim.y;
-          if (atomicAdd(a.counters + a.k_splits, 1u) == blocks - 1) {
-            for (int k = 0; k <= a.k_splits; ++k) a.counters[k] = 0;
-          }
-        }
-      }
       // GemvFusion::clear: after the wait (above), with the hot loop's registers free.
       const int64_t blocks = int64_t{gridDim.x} * gridDim.y;
       const int64_t b = int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
@@ -1014,7 +954,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
       if constexpr (kTimeline) {
         if (threadIdx.x == 0) {
           timeline_append(a.timeline, a.parts[0].qweight, 0x10u * kBits + static_cast<uint32_t>(kInput),
-                          static_cast<uint32_t>(slice.steps * (kTake ? tiles_done : 1)), stamps);
+                          static_cast<uint32_t>(slice.steps), stamps);
         }
       }
       break;
@@ -1150,7 +1090,6 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
-      if (args.take_tiles) return launch_build<kBits, kInput, 0, kBuildTake>(grid, shared, stream, overlap, args);
       if (one_group && !args.shallow) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
   }
@@ -1267,19 +1206,12 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   if (tokens > 0) args.cluster_reduce = 0;
   args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
   args.shallow = !options.deep_batches;
-  // GemvOptions::take_tiles: where its build applies (the 4-bit RMSNorm vector kernel per channel, atomic split-K,
-  // every slice a whole number of 8-step rounds, the counters there), ceil(tiles / take_tiles) blocks a slice.
-  const bool slices_whole = plan.steps_per_split % 8 == 0 && args.words % (plan.steps_per_split * kWordsPerStep) == 0;
-  args.take_tiles = options.take_tiles > 1 && tensor_core && tokens == 0 && first.bits == 4 && args.atomic_reduce &&
-                    fusion.input == GemvInput::kRmsNorm && first.group_size == first.cols && slices_whole &&
-                    plan.k_splits + 1 <= workspace.counter_capacity();
   for (int c = 0; c < 2; ++c) {
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;
   }
   if (const TimelineRing* ring = active_timeline(); ring && tokens == 0) args.timeline = *ring;
-  const int64_t grid_tiles = args.take_tiles ? (plan.row_blocks + options.take_tiles - 1) / options.take_tiles : plan.row_blocks;
-  const dim3 grid(static_cast<unsigned>(grid_tiles), static_cast<unsigned>(plan.k_splits));
+  const dim3 grid(static_cast<unsigned>(plan.row_blocks), static_cast<unsigned>(plan.k_splits));
   // The vector kernels' shared memory: the staged x, then the RMSNorm weights (gemv_shared_layout).
   const size_t shared = static_cast<size_t>(
       tokens > 0 || !tensor_core

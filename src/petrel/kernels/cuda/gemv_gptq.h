@@ -100,11 +100,6 @@ struct GemvOptions {
   // 4-bit vector kernels with an RMSNorm input whose slices lie in one group (per channel) keep three batches of
   // weight loads in flight (gemv_gptq.cu, kBuildDeep); false: two, as every other vector kernel.
   bool deep_batches = true;
-  // N > 1: the 4-bit RMSNorm vector kernel per channel with atomic_reduce (others ignore it) launches
-  // ceil(row tiles / N) blocks a slice; each computes its row tile, then takes further row tiles of its slice
-  // from a counter until none are left (two batches in flight; every slice a whole number of 8 steps, otherwise
-  // ignored). The same sums, added in another order.
-  int take_tiles = 0;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
