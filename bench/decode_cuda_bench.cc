@@ -55,7 +55,10 @@
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
-//   any of them with "-shallowN" (before "-ctxN"): the RMSNorm products of bit mask N (1 q/k/v, 2 gate/up) with two
+//   any of them with "-lateQG" (before "-ctxN"): q/k/v and gate/up each with that many of its batches of weight
+//                     loads sent after its wait, behind its reads of x (CudaModelOptions::decode_late_batches),
+//                     e.g. fused-late11
+//   any of them with "-shallowN" (before "-lateQG"): the RMSNorm products of bit mask N (1 q/k/v, 2 gate/up) with two
 //                     batches of weight loads in flight per channel, not three (CudaModelOptions::decode_deep_batches)
 //   any of them with "-carveN" (before "-shallowN"): the decode step's overlapped launches ask for an N% shared-memory
 //                     carveout (0 to 100; CudaModelOptions::decode_shared_carveout), e.g. fused-carve100
@@ -260,7 +263,13 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
-  // "-shallowN" (after any "-carveN", before "-ctxN"): the RMSNorm products of mask N (1 q/k/v, 2 gate/up) with two
+  // "-lateQG" (after any "-shallowN", before "-ctxN"): q/k/v's and gate/up's batches of weight loads sent after
+  // their wait (CudaModelOptions::decode_late_batches), e.g. fused-late02.
+  if (int64_t late = 0; take_number_suffix(base, "-late", 2, &late)) {
+    o.decode_late_batches.qkv = static_cast<int>(late / 10);
+    o.decode_late_batches.gate_up = static_cast<int>(late % 10);
+  }
+  // "-shallowN" (after any "-carveN", before "-lateQG"): the RMSNorm products of mask N (1 q/k/v, 2 gate/up) with two
   // batches of weight loads in flight per channel, not three (CudaModelOptions::decode_deep_batches), e.g. fused-shallow2.
   if (int64_t shallow = 0; take_number_suffix(base, "-shallow", 1, &shallow)) {
     if (shallow > 3) return false;

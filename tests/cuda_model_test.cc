@@ -327,6 +327,12 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions shallow = fused;  // two batches of weight loads in flight for the RMSNorm products: the same bits
   shallow.decode_deep_batches = {false, false};
   EXPECT_EQ(cuda_logits(**model, tokens, shallow), overlapped);
+  CudaModelOptions late = fused;  // weight batches sent after each product's wait: the same bits
+  late.decode_late_batches = {1, 2};
+  EXPECT_EQ(cuda_logits(**model, tokens, late), overlapped);
+  late.decode_late_batches = {2, 1};
+  late.decode_deep_batches = {false, false};
+  EXPECT_EQ(cuda_logits(**model, tokens, late), overlapped);
   // The resident step (Hopper and later): with the GEMV planner's input slices, the five-launch step's bits;
   // with its own (longer) slices, the same sums in another order.
   auto info = cuda::device_info(0);

@@ -703,16 +703,21 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
         fusion.up = up_dev.as<float>();
         const int steps = static_cast<int>((c.cols * c.bits / 32 + 3) / 4);
         for (int k_splits : {0, 1, std::min(steps, 3)}) {
-          std::vector<std::vector<float>> without_overlap;  // the bits the overlapped launch must give too
-          for (bool overlap : {false, true}) {
+          std::vector<std::vector<float>> without_overlap;  // the bits the overlapped launches must give too
+          // Mode 0: not overlapped; 1: overlapped; 2, 3: overlapped with 1 or 2 batches of weight loads after the
+          // wait, behind x's reads.
+          for (int mode = 0; mode < 4; ++mode) {
+            const bool overlap = mode > 0;
+            const int late = mode > 1 ? mode - 1 : 0;
             SCOPED_TRACE(std::to_string(c.bits) + "-bit, " + std::to_string(c.rows.size()) + " matrices of " +
                          std::to_string(c.cols) + " cols, group " + std::to_string(c.group) + ", " + input_name(input) +
                          " " + std::string(dtype_name(norm_dtype)) + ", k_splits " + std::to_string(k_splits) +
-                         (overlap ? ", overlapped" : ""));
+                         (overlap ? ", overlapped" : "") + (late ? ", late batches " + std::to_string(late) : ""));
             cuda::GemvOptions options;
             options.k_splits = k_splits;
             options.overlap_previous = overlap;
             options.l2_prefetch_steps = overlap ? 64 : 0;
+            options.late_batches = late;
             std::vector<std::vector<float>> first;
             for (int run = 0; run < 2; ++run) {
               for (cuda::DeviceBuffer& y : outputs) ASSERT_TRUE(y.fill_bytes(0xFF).ok());
@@ -731,7 +736,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
               }
             }
             if (!overlap) without_overlap = first;
-            else EXPECT_EQ(first, without_overlap) << "overlap changed the bits";
+            else EXPECT_EQ(first, without_overlap) << "overlap or late batches changed the bits";
           }
         }
       }

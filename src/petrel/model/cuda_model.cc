@@ -321,12 +321,14 @@ struct CudaModel::State {
   //   down_proj GEMV, SiLU(gate) * up in its staging, x += in its epilogue.
   // x is the residual stream, up to date after every layer (the unfused step keeps the last add pending in
   // `proj`). Same formulas as the unfused step; only the sum of squares of the norms is summed in another order.
-  // A product's options in the fused step: its input splits, where set its own L2 prefetch steps, and whether an
-  // RMSNorm product keeps three batches of loads in flight (CudaModelOptions::decode_splits, decode_l2_prefetch,
-  // decode_deep_batches).
-  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, bool deep_batches = true) {
+  // A product's options in the fused step: its input splits, where set its own L2 prefetch steps, and for the
+  // RMSNorm products how many batches of weight loads go out after the wait and whether three are in flight
+  // (CudaModelOptions::decode_splits, decode_l2_prefetch, decode_late_batches, decode_deep_batches).
+  static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, int late_batches = 0,
+                                     bool deep_batches = true) {
     o.k_splits = k_splits;
     if (l2_prefetch_steps >= 0) o.l2_prefetch_steps = l2_prefetch_steps;
+    o.late_batches = late_batches;
     o.deep_batches = deep_batches;
     return o;
   }
@@ -376,7 +378,7 @@ struct CudaModel::State {
         const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
                                                        for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv,
-                                                                 options.decode_deep_batches.qkv),
+                                                                 options.decode_late_batches.qkv, options.decode_deep_batches.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
       if (!(skip & CudaModelOptions::kSkipAttention)) {
@@ -402,6 +404,7 @@ struct CudaModel::State {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
         PETREL_RETURN_IF_ERROR(
             cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up,
+                                                                                          options.decode_late_batches.gate_up,
                                                                                           options.decode_deep_batches.gate_up),
                                     clearing(post_attention_norm, q, c.q_dim())));
       }

@@ -118,6 +118,12 @@ struct CudaModelOptions {
   struct DecodeDeepBatches {
     bool qkv = true, gate_up = true;
   } decode_deep_batches;
+  // How many of the RMSNorm products' batches of weight loads in flight go out after their wait, behind their
+  // reads of x, instead of before it (cuda::GemvOptions::late_batches; 0 none, up to 2). The decode bench's
+  // suffix "-lateQG" (one digit each: q/k/v, gate/up), e.g. fused-late11.
+  struct DecodeLateBatches {
+    int qkv = 0, gate_up = 0;
+  } decode_late_batches;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

@@ -206,6 +206,7 @@ struct GemvArgs {
   int x_stride_bytes;  // batch kernels: bytes per token row of the staged x (batch_token_stride_bytes)
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
   int shallow;           // not the kBuildDeep build where it would be (GemvOptions::deep_batches off)
+  int late_batches;      // GemvOptions::late_batches (the kBuildLate kernels)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -397,10 +398,14 @@ constexpr int kNormCacheVectors = 1024;
 // 1 / sqrt(mean(x^2) + eps) over all cols elements of x, for the kRmsNorm input: every block recomputes it
 // from the whole vector (16 KB for Llama-3.1-8B, from L2: cheaper than a launch of its own), all loads issued
 // together. Float32 sums in a tree order, as norm.cu; the same expression for the result. Every thread calls it.
+// kLate (the kBuildLate kernels): issue_late() runs right after this thread's first kNormFirstLoads reads of x
+// went out, so that the weight batches held back until after the wait (GemvOptions::late_batches) queue behind
+// x, not ahead of it; the same sums in the same order.
 // probe: TimelineRing::probe in the timeline build (0 in the product's: folded away).
-template <GemvInput kInput>
+constexpr int kNormFirstLoads = 8;
+template <GemvInput kInput, bool kLate, typename IssueLate>
 __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cache, uint32_t probe, int64_t slice_begin4,
-                                               int64_t slice_end4) {
+                                               int64_t slice_end4, IssueLate&& issue_late) {
   if constexpr (kInput != GemvInput::kRmsNorm) {
     return 1.0f;
   } else {
@@ -408,15 +413,44 @@ __device__ __forceinline__ float input_inv_rms(const GemvArgs& a, float4* x_cach
     const bool slice_only = probe & kProbeNormSliceOnly;
     const bool cached = (probe & kProbeNormFewReaders) && blockIdx.x % 8 != 0;  // probe: x_cache's old bytes
     const int64_t n4 = slice_only ? slice_end4 : a.cols / 4;  // cols % 4 == 0 (gemv_gptq_supports)
+    const int64_t begin = (slice_only ? slice_begin4 : 0) + threadIdx.x;
     float sum = 0.0f;
+    if constexpr (!kLate) {
 #pragma unroll 8
-    for (int64_t i = (slice_only ? slice_begin4 : 0) + threadIdx.x; i < n4; i += kThreads) {
-      const float4 v = cached && i < kNormCacheVectors ? x_cache[i] : __ldcg(x4 + i);
-      if (!cached && i < kNormCacheVectors) x_cache[i] = v;
-      sum = fmaf(v.x, v.x, sum);
-      sum = fmaf(v.y, v.y, sum);
-      sum = fmaf(v.z, v.z, sum);
-      sum = fmaf(v.w, v.w, sum);
+      for (int64_t i = begin; i < n4; i += kThreads) {
+        const float4 v = cached && i < kNormCacheVectors ? x_cache[i] : __ldcg(x4 + i);
+        if (!cached && i < kNormCacheVectors) x_cache[i] = v;
+        sum = fmaf(v.x, v.x, sum);
+        sum = fmaf(v.y, v.y, sum);
+        sum = fmaf(v.z, v.z, sum);
+        sum = fmaf(v.w, v.w, sum);
+      }
+    } else {
+      // kNormFirstLoads loads a thread go out together, then the late batches, and only then are the loaded
+      // elements kept and summed (a shared-memory store between two loads would hold the second until the
+      // first's data came). An element past the end reads as zero and adds exactly nothing (the sum is never -0).
+      auto chunk = [&](int64_t first, bool with_late) {
+        float4 v[kNormFirstLoads];
+#pragma unroll
+        for (int u = 0; u < kNormFirstLoads; ++u) {
+          const int64_t i = first + int64_t{u} * kThreads;
+          v[u] = i >= n4 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : cached && i < kNormCacheVectors ? x_cache[i] : __ldcg(x4 + i);
+        }
+        if (with_late) issue_late();
+#pragma unroll
+        for (int u = 0; u < kNormFirstLoads; ++u) {
+          const int64_t i = first + int64_t{u} * kThreads;
+          if (!cached && i < n4 && i < kNormCacheVectors) x_cache[i] = v[u];
+          sum = fmaf(v[u].x, v[u].x, sum);
+          sum = fmaf(v[u].y, v[u].y, sum);
+          sum = fmaf(v[u].z, v[u].z, sum);
+          sum = fmaf(v[u].w, v[u].w, sum);
+        }
+      };
+      chunk(begin, true);  // every thread, even one past the end: each must issue its late batches once
+      for (int64_t first = begin + int64_t{kNormFirstLoads} * kThreads; first < n4; first += int64_t{kNormFirstLoads} * kThreads) {
+        chunk(first, false);
+      }
     }
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
     __shared__ float warp_sums[kThreads / 32];
@@ -544,9 +578,14 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // docs/PERFORMANCE.md): the first register batches after the wait (only L2 prefetch before it) for o, -1.7%
 // tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
 constexpr unsigned kBuildDeep = 1;
+// kBuildLate (4-bit, RMSNorm input): GemvOptions::late_batches, the last batches in flight sent after the wait,
+// behind the first reads of x (input_inv_rms); its own build, so that the other builds' code is untouched.
+constexpr unsigned kBuildLate = 2;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
   constexpr bool kDeep = kBuild & kBuildDeep;
+  constexpr bool kLate = kBuild & kBuildLate;
+  static_assert(!kLate || (kBits == 4 && kInput == GemvInput::kRmsNorm && kTiles == 0), "kBuildLate: 4-bit RMSNorm vector kernels");
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
   constexpr int kSums = kBatched ? 8 : 4;       // float32 sums per set: 4 rows (x 2 tokens when batched)
@@ -613,10 +652,21 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // cost the 4-bit token generator's layers 1.1% when every product had them, and group 128 ~1% even for the
   // RMSNorm products alone: session 16). 8-bit at three: 120-127 registers, 4-bit 119; still 4 blocks an SM.
   constexpr int kInFlight = (kBits == 8 || kDeep) && !kBatched ? 3 : 2;
+  // GemvOptions::late_batches: the last `late` of them go out after the wait, behind the block's reads of x
+  // (input_inv_rms' issue_late), so that x does not queue behind them; the first always goes out here.
+  const int late = kLate ? min(a.late_batches, kInFlight - 1) : 0;
   uint4 ping[kBatch], pong[kBatch], pang[kBatch];
   load_batch(v, ping, 0);
-  load_batch(v, pong, kBatch);
-  if constexpr (kInFlight == 3) load_batch(v, pang, 2 * kBatch);
+  if (late < kInFlight - 1) load_batch(v, pong, kBatch);
+  if constexpr (kInFlight == 3) {
+    if (late < 1) load_batch(v, pang, 2 * kBatch);
+  }
+  auto issue_late = [&] {
+    if (late >= kInFlight - 1) load_batch(v, pong, kBatch);
+    if constexpr (kInFlight == 3) {
+      if (late >= 1) load_batch(v, pang, 2 * kBatch);
+    }
+  };
 
   // This group's scales and zeros, and the next group's, loaded while this one is computed; the pointers step
   // one group (a row of scales, a row of zeros) at a time.
@@ -682,9 +732,9 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   // This thread's copies of the norm weights done; the block's barrier in input_inv_rms makes all visible.
   if constexpr (kInput == GemvInput::kRmsNorm) cp_async_wait<0>();
   const int64_t slice_begin4 = slice.first_word * (32 / kBits) / 4;
-  const float inv_rms = input_inv_rms<kInput>(
+  const float inv_rms = input_inv_rms<kInput, kLate>(
       a, x_cache, probe, slice_begin4,
-      min(a.cols / 4, slice_begin4 + int64_t{slice.steps} * kWordsPerStep * (32 / kBits) / 4));
+      min(a.cols / 4, slice_begin4 + int64_t{slice.steps} * kWordsPerStep * (32 / kBits) / 4), issue_late);
   if constexpr (kInput == GemvInput::kRmsNorm) stamp(4);
 
   // x of this slice in fp16, per word in fragment order: 4-bit {x0,x4},{x1,x5},{x2,x6},{x3,x7}; 8-bit
@@ -1090,6 +1140,12 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
+      if (args.late_batches > 0) {
+        if (one_group && !args.shallow) {
+          return launch_build<kBits, kInput, 0, kBuildDeep | kBuildLate>(grid, shared, stream, overlap, args);
+        }
+        return launch_build<kBits, kInput, 0, kBuildLate>(grid, shared, stream, overlap, args);
+      }
       if (one_group && !args.shallow) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
   }
@@ -1206,6 +1262,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   if (tokens > 0) args.cluster_reduce = 0;
   args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
   args.shallow = !options.deep_batches;
+  args.late_batches = tokens == 0 && options.late_batches > 0 ? options.late_batches : 0;
   for (int c = 0; c < 2; ++c) {
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;

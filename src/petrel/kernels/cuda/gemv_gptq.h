@@ -100,6 +100,11 @@ struct GemvOptions {
   // 4-bit vector kernels with an RMSNorm input whose slices lie in one group (per channel) keep three batches of
   // weight loads in flight (gemv_gptq.cu, kBuildDeep); false: two, as every other vector kernel.
   bool deep_batches = true;
+  // 4-bit vector kernels with an RMSNorm input: how many of the batches of weight loads a thread keeps in flight
+  // (two, or three with deep_batches) go out after the wait for the previous kernel, right behind the block's
+  // first reads of x, instead of before it (0 to 2; more counts as all but the first; a build of its own,
+  // gemv_gptq.cu's kBuildLate). Fewer bytes queue ahead of x; the same sums, bitwise the same y.
+  int late_batches = 0;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
