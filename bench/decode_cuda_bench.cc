@@ -57,8 +57,7 @@
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 //   any of them with "-lateQG" (before "-ctxN"): q/k/v and gate/up each with that many of its batches of weight
 //                     loads sent after its wait, behind its reads of x (CudaModelOptions::decode_late_batches),
-//                     e.g. fused-late11; "-xpfQ-G" after it: Q and G steps of q/k/v's and gate/up's weights
-//                     asked into L2 right behind x's reads (DecodeLateBatches::prefetch_*), e.g. fused-xpf0-16
+//                     e.g. fused-late11
 //   any of them with "-shallowN" (before "-lateQG"): the RMSNorm products of bit mask N (1 q/k/v, 2 gate/up) with two
 //                     batches of weight loads in flight per channel, not three (CudaModelOptions::decode_deep_batches)
 //   any of them with "-carveN" (before "-shallowN"): the decode step's overlapped launches ask for an N% shared-memory
@@ -266,13 +265,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-lateQG" (after any "-shallowN", before "-ctxN"): q/k/v's and gate/up's batches of weight loads sent after
   // their wait (CudaModelOptions::decode_late_batches), e.g. fused-late02.
-  // "-xpfQ-G" (after any "-lateQG"): q/k/v's and gate/up's steps asked into L2 behind x (DecodeLateBatches::prefetch_*).
-  if (const size_t at = base.rfind("-xpf"); at != std::string::npos) {
-    char tail = 0;
-    CudaModelOptions::DecodeLateBatches& l = o.decode_late_batches;
-    if (std::sscanf(base.c_str() + at + 4, "%d-%d%c", &l.prefetch_qkv, &l.prefetch_gate_up, &tail) != 2) return false;
-    base.resize(at);
-  }
   if (int64_t late = 0; take_number_suffix(base, "-late", 2, &late)) {
     o.decode_late_batches.qkv = static_cast<int>(late / 10);
     o.decode_late_batches.gate_up = static_cast<int>(late % 10);

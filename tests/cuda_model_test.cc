@@ -330,8 +330,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions late = fused;  // weight batches sent after each product's wait: the same bits
   late.decode_late_batches = {1, 2};
   EXPECT_EQ(cuda_logits(**model, tokens, late), overlapped);
-  late.decode_late_batches = {0, 0, 8, 16};  // L2 prefetch behind x alone
-  EXPECT_EQ(cuda_logits(**model, tokens, late), overlapped);
   late.decode_late_batches = {2, 1};
   late.decode_deep_batches = {false, false};
   EXPECT_EQ(cuda_logits(**model, tokens, late), overlapped);

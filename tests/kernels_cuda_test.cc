@@ -718,7 +718,6 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
             options.overlap_previous = overlap;
             options.l2_prefetch_steps = overlap ? 64 : 0;
             options.late_batches = late;
-            options.l2_prefetch_behind_x = late ? 16 : 0;
             std::vector<std::vector<float>> first;
             for (int run = 0; run < 2; ++run) {
               for (cuda::DeviceBuffer& y : outputs) ASSERT_TRUE(y.fill_bytes(0xFF).ok());

@@ -325,11 +325,10 @@ struct CudaModel::State {
   // RMSNorm products how many batches of weight loads go out after the wait and whether three are in flight
   // (CudaModelOptions::decode_splits, decode_l2_prefetch, decode_late_batches, decode_deep_batches).
   static cuda::GemvOptions for_phase(cuda::GemvOptions o, int k_splits, int l2_prefetch_steps, int late_batches = 0,
-                                     bool deep_batches = true, int prefetch_behind_x = 0) {
+                                     bool deep_batches = true) {
     o.k_splits = k_splits;
     if (l2_prefetch_steps >= 0) o.l2_prefetch_steps = l2_prefetch_steps;
     o.late_batches = late_batches;
-    o.l2_prefetch_behind_x = prefetch_behind_x;
     o.deep_batches = deep_batches;
     return o;
   }
@@ -379,8 +378,7 @@ struct CudaModel::State {
         const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
                                                        for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv,
-                                                                 options.decode_late_batches.qkv, options.decode_deep_batches.qkv,
-                                                                 options.decode_late_batches.prefetch_qkv),
+                                                                 options.decode_late_batches.qkv, options.decode_deep_batches.qkv),
                                                        clearing(input_norm, up, c.intermediate_size)));
       }
       if (!(skip & CudaModelOptions::kSkipAttention)) {
@@ -407,8 +405,7 @@ struct CudaModel::State {
         PETREL_RETURN_IF_ERROR(
             cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up,
                                                                                           options.decode_late_batches.gate_up,
-                                                                                          options.decode_deep_batches.gate_up,
-                                                                                          options.decode_late_batches.prefetch_gate_up),
+                                                                                          options.decode_deep_batches.gate_up),
                                     clearing(post_attention_norm, q, c.q_dim())));
       }
       cuda::GemvFusion silu_and_add;

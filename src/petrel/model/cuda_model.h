@@ -121,11 +121,8 @@ struct CudaModelOptions {
   // How many of the RMSNorm products' batches of weight loads in flight go out after their wait, behind their
   // reads of x, instead of before it (cuda::GemvOptions::late_batches; 0 none, up to 2). The decode bench's
   // suffix "-lateQG" (one digit each: q/k/v, gate/up), e.g. fused-late11.
-  // prefetch_qkv / prefetch_gate_up: steps asked into L2 behind x (cuda::GemvOptions::l2_prefetch_behind_x;
-  // bench "-xpfQ-G", e.g. fused-xpf0-16).
   struct DecodeLateBatches {
     int qkv = 0, gate_up = 0;
-    int prefetch_qkv = 0, prefetch_gate_up = 0;
   } decode_late_batches;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead

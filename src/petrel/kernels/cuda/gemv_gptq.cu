@@ -207,7 +207,6 @@ struct GemvArgs {
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
   int shallow;           // not the kBuildDeep build where it would be (GemvOptions::deep_batches off)
   int late_batches;      // GemvOptions::late_batches (the kBuildLate kernels)
-  int l2_prefetch_behind_x;  // GemvOptions::l2_prefetch_behind_x (the kBuildLate kernels)
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -666,16 +665,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     if (late >= kInFlight - 1) load_batch(v, pong, kBatch);
     if constexpr (kInFlight == 3) {
       if (late >= 1) load_batch(v, pang, 2 * kBatch);
-    }
-    // GemvOptions::l2_prefetch_behind_x: the next steps past those asked for before the wait, into L2.
-    if (a.l2_prefetch_behind_x > 0) {
-      const int first_step = max(kInFlight * kBatch, a.l2_prefetch_steps);
-      const int to = min(slice.steps, first_step + a.l2_prefetch_behind_x) * kWordsPerStep;
-      const uint32_t run_bytes = static_cast<uint32_t>(min(int64_t{kRowsPerBlock}, v.m.rows - v.row0)) * 4;
-      for (int i = first_step * kWordsPerStep + threadIdx.x; i < to; i += kThreads) {
-        const int64_t word = slice.first_word + i;
-        if (word < a.words) prefetch_l2(v.m.qweight + word * v.m.rows + v.row0, run_bytes);
-      }
     }
   };
 
@@ -1151,7 +1140,7 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
-      if (args.late_batches > 0 || args.l2_prefetch_behind_x > 0) {
+      if (args.late_batches > 0) {
         if (one_group && !args.shallow) {
           return launch_build<kBits, kInput, 0, kBuildDeep | kBuildLate>(grid, shared, stream, overlap, args);
         }
@@ -1274,7 +1263,6 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
   args.shallow = !options.deep_batches;
   args.late_batches = tokens == 0 && options.late_batches > 0 ? options.late_batches : 0;
-  args.l2_prefetch_behind_x = tokens == 0 && options.l2_prefetch_behind_x > 0 ? options.l2_prefetch_behind_x : 0;
   for (int c = 0; c < 2; ++c) {
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;

@@ -105,9 +105,6 @@ struct GemvOptions {
   // first reads of x, instead of before it (0 to 2; more counts as all but the first; a build of its own,
   // gemv_gptq.cu's kBuildLate). Fewer bytes queue ahead of x; the same sums, bitwise the same y.
   int late_batches = 0;
-  // The same kernels: steps of weights asked into L2 (cp.async.bulk.prefetch.L2) right behind x's first reads,
-  // past those asked for before the wait (in registers or by l2_prefetch_steps).
-  int l2_prefetch_behind_x = 0;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
