@@ -113,14 +113,16 @@ struct CudaModelOptions {
   } decode_l2_prefetch;
   // The fused step's RMSNorm products that keep three batches of weight loads in flight per channel
   // (cuda::GemvOptions::deep_batches); the decode bench's suffix "-shallowN" turns it off for mask N (1 q/k/v,
-  // 2 gate/up). Three gained 1.2% on an H200 in session 16; two for both ("-shallow3") gained 0.3-1.0% on an
-  // H100 in session 33 (docs/PERFORMANCE.md): the default stays until an H200 says otherwise.
+  // 2 gate/up). Two for both ("-shallow3") gain 0.3-1.0% on H100s but lose 1.5% on an H200 (session 34,
+  // docs/PERFORMANCE.md; three gained 1.2% there in session 16): three stay the default, the H200 being the target.
   struct DecodeDeepBatches {
     bool qkv = true, gate_up = true;
   } decode_deep_batches;
   // How many of the RMSNorm products' batches of weight loads in flight go out after their wait, behind their
   // reads of x, instead of before it (cuda::GemvOptions::late_batches; 0 none, up to 2). The decode bench's
-  // suffix "-lateQG" (one digit each: q/k/v, gate/up), e.g. fused-late11.
+  // suffix "-lateQG" (one digit each: q/k/v, gate/up), e.g. fused-late11. Off: on an H200 (session 34,
+  // docs/PERFORMANCE.md) {1, 1} gave tg128 per channel +1.5% and +1.8% after 500 positions, but -7% after 1,000,
+  // -1.5% after 2,000 and -8% at group 128 (two batches in flight there, so one left before the wait).
   struct DecodeLateBatches {
     int qkv = 0, gate_up = 0;
   } decode_late_batches;

@@ -579,7 +579,10 @@ __device__ __forceinline__ void finish_tokens(const GemvArgs& a, const TileView&
 // tg128; each batch's group change made after the previous batch's loads went out, -7% at group 128.
 constexpr unsigned kBuildDeep = 1;
 // kBuildLate (4-bit, RMSNorm input): GemvOptions::late_batches, the last batches in flight sent after the wait,
-// behind the first reads of x (input_inv_rms); its own build, so that the other builds' code is untouched.
+// behind the first reads of x (input_inv_rms); its own build, so that the other builds' code is untouched. Fewer
+// bytes ahead of x let down's last adds drain sooner (q/k/v past its wait 1.2 instead of 1.5 us after down on an
+// H200), but x's sum of squares then waits for the warp to issue the held-back loads (the SM's request queue is
+// full): +1.5% tg128 per channel with one batch late for q/k/v and gate/up, mixed at depth (session 34).
 constexpr unsigned kBuildLate = 2;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
 __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
@@ -1134,7 +1137,7 @@ cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool ove
 // 16, docs/PERFORMANCE.md), tg128 per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build
 // lost ~1% (not understood: it lost also with a probe that took the scales' and zeros' latency out), and three
 // batches for the SiLU*up product (down) too gained less (+0.7%). GemvOptions::deep_batches off (args.shallow)
-// keeps two: on an H100 in session 33 that was +0.3 to +1.0% per channel (7 pairs); not yet run on an H200.
+// keeps two: on H100s +0.3 to +1.0% per channel (sessions 33-34, 10 pairs), on an H200 -1.5% (session 34).
 template <int kBits, GemvInput kInput, int kTiles>
 cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0 && kBits == 4) {
