@@ -122,7 +122,8 @@ struct CudaModelOptions {
   // reads of x, instead of before it (cuda::GemvOptions::late_batches; 0 none, up to 2). The decode bench's
   // suffix "-lateQG" (one digit each: q/k/v, gate/up), e.g. fused-late11. Off: on an H200 (session 34,
   // docs/PERFORMANCE.md) {1, 1} gave tg128 per channel +1.5% and +1.8% after 500 positions, but -7% after 1,000,
-  // -1.5% after 2,000 and -8% at group 128 (two batches in flight there, so one left before the wait).
+  // -1.5% after 2,000 and -8% at group 128 (two batches in flight there, so one left before the wait); the loss
+  // after 1,000 positions is q/k/v's late batch (H100: late10 -5%, late01 -1%).
   struct DecodeLateBatches {
     int qkv = 0, gate_up = 0;
   } decode_late_batches;
