@@ -148,8 +148,9 @@ struct CudaModelOptions {
   // on an H100, session 32; docs/PERFORMANCE.md). The decode bench's "-carveN" suffix.
   int decode_shared_carveout = 60;
   // A carveout for one phase of the fused step's layers instead of decode_shared_carveout (-1: that one); each
-  // launch asks for its own (the attribute is per launch). Not yet measured (session 32's "Next" in
-  // docs/PERFORMANCE.md); the decode bench's "-carvesQ-A-O-G-D" suffix.
+  // launch asks for its own (the attribute is per launch). Session 33 (H100, docs/PERFORMANCE.md): o and gate/up
+  // at 100% start gate/up 3.4 us sooner but slow o more, -1.9% with o in 8 slices, a tie in 16; not used by
+  // default. The decode bench's "-carvesQ-A-O-G-D" suffix.
   struct DecodeCarveouts {
     int qkv = -1, attention = -1, o = -1, gate_up = -1, down = -1;
   } decode_phase_carveouts;

@@ -1143,13 +1143,12 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
   if constexpr (kTiles == 0 && kBits == 4) {
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
+      const bool deep = one_group && !args.shallow;
       if (args.late_batches > 0) {
-        if (one_group && !args.shallow) {
-          return launch_build<kBits, kInput, 0, kBuildDeep | kBuildLate>(grid, shared, stream, overlap, args);
-        }
-        return launch_build<kBits, kInput, 0, kBuildLate>(grid, shared, stream, overlap, args);
+        return deep ? launch_build<kBits, kInput, 0, kBuildDeep | kBuildLate>(grid, shared, stream, overlap, args)
+                    : launch_build<kBits, kInput, 0, kBuildLate>(grid, shared, stream, overlap, args);
       }
-      if (one_group && !args.shallow) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
+      if (deep) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
     }
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
