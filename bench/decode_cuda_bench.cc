@@ -55,9 +55,11 @@
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
-//   any of them with "-lateQG" (before "-ctxN"): q/k/v and gate/up each with that many of its batches of weight
+//   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
+//                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
+//   any of them with "-lateQG" (before "-uz0"): q/k/v and gate/up each with that many of its batches of weight
 //                     loads sent after its wait, behind its reads of x (CudaModelOptions::decode_late_batches),
-//                     e.g. fused-late11
+//                     e.g. fused-late00 (default {1, 1}: one each)
 //   any of them with "-shallowN" (before "-lateQG"): the RMSNorm products of bit mask N (1 q/k/v, 2 gate/up) with two
 //                     batches of weight loads in flight per channel, not three (CudaModelOptions::decode_deep_batches)
 //   any of them with "-carveN" (before "-shallowN"): the decode step's overlapped launches ask for an N% shared-memory
@@ -263,6 +265,12 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
+  // "-uz0" / "-uz1" (after any "-ctxN"): group 128's uniform-zeros build off / on (CudaModelOptions::
+  // decode_uniform_zeros; off: the general build, which loads and decodes every group's zeros), e.g. fused-uz0.
+  if (int64_t uz = 0; take_number_suffix(base, "-uz", 1, &uz)) {
+    if (uz > 1) return false;
+    o.decode_uniform_zeros = uz == 1;
+  }
   // "-lateQG" (after any "-shallowN", before "-ctxN"): q/k/v's and gate/up's batches of weight loads sent after
   // their wait (CudaModelOptions::decode_late_batches), e.g. fused-late02.
   if (int64_t late = 0; take_number_suffix(base, "-late", 2, &late)) {

@@ -333,6 +333,12 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   late.decode_late_batches = {2, 1};
   late.decode_deep_batches = {false, false};
   EXPECT_EQ(cuda_logits(**model, tokens, late), overlapped);
+  late.decode_late_batches = {0, 0};  // and none
+  late.decode_deep_batches = {true, true};
+  EXPECT_EQ(cuda_logits(**model, tokens, late), overlapped);
+  CudaModelOptions zeros = fused;  // group 128: every group's zeros loaded and decoded (the general build)
+  zeros.decode_uniform_zeros = false;
+  EXPECT_EQ(cuda_logits(**model, tokens, zeros), overlapped);
   // The resident step (Hopper and later): with the GEMV planner's input slices, the five-launch step's bits;
   // with its own (longer) slices, the same sums in another order.
   auto info = cuda::device_info(0);

@@ -643,6 +643,28 @@ TEST(KernelsCuda, GptqEmbeddingLookupMatchesReference) {
   EXPECT_FALSE(cuda::embedding_lookup_gptq(bad, nullptr, 1, nullptr).ok());
 }
 
+// DeviceGptqMatrix::uniform_zero: the stored zero where every row of every group has it (symmetric grids), -1
+// where one differs (an asymmetric grid, or one zero changed in the last group).
+TEST(KernelsCuda, UniformZerosAreDetectedAtUpload) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(7);
+  for (const int bits : {4, 8}) {
+    for (const int64_t rows : {int64_t{64}, int64_t{24}}) {
+      SCOPED_TRACE(std::to_string(bits) + "-bit, " + std::to_string(rows) + " rows");
+      const TestGptq sym = make_gptq(rng, rows, 256, bits, 64, true);
+      EXPECT_EQ(sym.device.view().uniform_zero, (1 << (bits - 1)) - 1);  // GPTQ v1 stores zero - 1
+      EXPECT_EQ(make_gptq(rng, rows, 256, bits, 64, false).device.view().uniform_zero, -1);
+      std::vector<int32_t> zeros(sym.host.view().qzeros, sym.host.view().qzeros + 4 * rows * bits / 32);
+      zeros.back() ^= 1;  // the last group's last word: one zero differs
+      ref::GptqMatrix changed = sym.host.view();
+      changed.qzeros = zeros.data();
+      auto uploaded = cuda::DeviceGptqWeights::upload(changed);
+      ASSERT_TRUE(uploaded.ok()) << uploaded.status().to_string();
+      EXPECT_EQ(uploaded->view().uniform_zero, -1);
+    }
+  }
+}
+
 TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   std::mt19937 rng(31);
@@ -651,6 +673,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
       {{4096, 1024, 1024}, 4096, -1, 4, true},  // Llama-3.1-8B q/k/v
       {{136, 40}, 1040, -1, 4, false},          // per channel (three batches in flight), a last step of 2 words
       {{200, 72, 1032}, 4096, 128, 4, false},   // rows that are no multiple of the 128-row block
+      {{200, 1032}, 4096, 128, 4, true},        // symmetric: every zero the same (the uniform-zeros build)
       {{520, 136}, 1024, 64, 4, false},
       {{8}, 64, 32, 4, true},
       {{36, 52, 4}, 128, -1, 8, true},
@@ -705,19 +728,22 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
         for (int k_splits : {0, 1, std::min(steps, 3)}) {
           std::vector<std::vector<float>> without_overlap;  // the bits the overlapped launches must give too
           // Mode 0: not overlapped; 1: overlapped; 2, 3: overlapped with 1 or 2 batches of weight loads after the
-          // wait, behind x's reads.
-          for (int mode = 0; mode < 4; ++mode) {
+          // wait, behind x's reads; 4: overlapped, every group's zeros loaded and decoded (the general build where
+          // mode 1 took the uniform-zeros one).
+          for (int mode = 0; mode < 5; ++mode) {
             const bool overlap = mode > 0;
-            const int late = mode > 1 ? mode - 1 : 0;
+            const int late = mode == 2 || mode == 3 ? mode - 1 : 0;
             SCOPED_TRACE(std::to_string(c.bits) + "-bit, " + std::to_string(c.rows.size()) + " matrices of " +
                          std::to_string(c.cols) + " cols, group " + std::to_string(c.group) + ", " + input_name(input) +
                          " " + std::string(dtype_name(norm_dtype)) + ", k_splits " + std::to_string(k_splits) +
-                         (overlap ? ", overlapped" : "") + (late ? ", late batches " + std::to_string(late) : ""));
+                         (overlap ? ", overlapped" : "") + (late ? ", late batches " + std::to_string(late) : "") +
+                         (mode == 4 ? ", zeros loaded" : ""));
             cuda::GemvOptions options;
             options.k_splits = k_splits;
             options.overlap_previous = overlap;
             options.l2_prefetch_steps = overlap ? 64 : 0;
             options.late_batches = late;
+            options.uniform_zeros = mode != 4;
             std::vector<std::vector<float>> first;
             for (int run = 0; run < 2; ++run) {
               for (cuda::DeviceBuffer& y : outputs) ASSERT_TRUE(y.fill_bytes(0xFF).ok());
@@ -736,7 +762,7 @@ TEST(KernelsCuda, GroupedGemvWithFusedInputMatchesReference) {
               }
             }
             if (!overlap) without_overlap = first;
-            else EXPECT_EQ(first, without_overlap) << "overlap or late batches changed the bits";
+            else EXPECT_EQ(first, without_overlap) << "overlap, late batches or the zeros' build changed the bits";
           }
         }
       }

@@ -344,6 +344,7 @@ struct CudaModel::State {
     gemv.overlap_previous = overlap;
     gemv.l2_prefetch_steps = options.gemv_l2_prefetch_steps;
     gemv.cluster_reduce = options.gemv_cluster_reduce;
+    gemv.uniform_zeros = options.decode_uniform_zeros;
     // Atomic split-K (CudaModelOptions::decode_atomic_reduce): every product but layer 0's q/k/v adds its slices
     // into its output, so each output must be zero (or, for o and down, the residual stream) when its product
     // runs. Each is cleared by a launch after its last reader and before its writer: up by the layer's q/k/v

@@ -118,15 +118,20 @@ struct CudaModelOptions {
   struct DecodeDeepBatches {
     bool qkv = true, gate_up = true;
   } decode_deep_batches;
-  // How many of the RMSNorm products' batches of weight loads in flight go out after their wait, behind their
-  // reads of x, instead of before it (cuda::GemvOptions::late_batches; 0 none, up to 2). The decode bench's
-  // suffix "-lateQG" (one digit each: q/k/v, gate/up), e.g. fused-late11. Off: on an H200 (session 34,
-  // docs/PERFORMANCE.md) {1, 1} gave tg128 per channel +1.5% and +1.8% after 500 positions, but -7% after 1,000,
-  // -1.5% after 2,000 and -8% at group 128 (two batches in flight there, so one left before the wait); the loss
-  // after 1,000 positions is q/k/v's late batch (H100: late10 -5%, late01 -1%).
+  // How many of the per-channel RMSNorm products' batches of weight loads in flight go out after their wait,
+  // behind their reads of x, instead of before it (cuda::GemvOptions::late_batches; 0 none, up to 2; group 128
+  // ignores it). The decode bench's suffix "-lateQG" (one digit each: q/k/v, gate/up), e.g. fused-late00.
+  // {1, 1}: on an H200 (session 34, docs/PERFORMANCE.md) tg128 +1.5% and +1.8% after 500 positions, but then -7%
+  // after 1,000, which session 35 traced to the build's 128 registers (four blocks filling the register file);
+  // capped at 120, on an H100: tg128 +0.1%, +1.4 to +1.7% after 500 and 1,000 positions, a tie after 2,000.
   struct DecodeLateBatches {
-    int qkv = 0, gate_up = 0;
+    int qkv = 1, gate_up = 1;
   } decode_late_batches;
+  // The fused step's 4-bit GEMVs at group 128 (slices of several groups) whose zeros are all one value (a
+  // symmetric grid, petrel's default) decode the zeros once instead of at every group change, with three batches
+  // of weight loads in flight (cuda::GemvOptions::uniform_zeros): +1.1% tg128 at group 128 on an H100 (session
+  // 35, docs/PERFORMANCE.md). The decode bench's suffix "-uz0" turns it off. Bitwise the same logits.
+  bool decode_uniform_zeros = true;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

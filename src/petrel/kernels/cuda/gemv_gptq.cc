@@ -203,6 +203,34 @@ Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members
   return plan_row_blocks(*members[0].w, row_blocks, multiprocessors, partial_capacity, options, what);
 }
 
+namespace {
+
+// The stored zero every row of every group has, or -1 (DeviceGptqMatrix::uniform_zero). Whole words compared
+// where the rows fill them (8B-shaped matrices: a few MB of zeros words, ~ms); a row at a time otherwise.
+int uniform_stored_zero(const ref::GptqMatrix& m) {
+  if (!m.qzeros || m.n_groups() == 0 || m.rows == 0) return -1;
+  const int per_word = 32 / m.bits;
+  const uint32_t mask = (1u << m.bits) - 1;
+  const int zero = static_cast<int>(static_cast<uint32_t>(m.qzeros[0]) & mask);
+  if (m.rows % per_word == 0) {
+    uint32_t word = 0;
+    for (int i = 0; i < per_word; ++i) word |= static_cast<uint32_t>(zero) << (m.bits * i);
+    const int64_t words = m.n_groups() * (m.rows / per_word);
+    for (int64_t i = 0; i < words; ++i) {
+      if (static_cast<uint32_t>(m.qzeros[i]) != word) return -1;
+    }
+    return zero;
+  }
+  for (int64_t g = 0; g < m.n_groups(); ++g) {
+    for (int64_t r = 0; r < m.rows; ++r) {
+      if (m.zero(g, r) - m.zero_offset != zero) return -1;
+    }
+  }
+  return zero;
+}
+
+}  // namespace
+
 Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host, HostUploader* uploader) {
   DeviceGptqWeights weights;
   DeviceGptqMatrix& v = weights.view_;
@@ -211,6 +239,7 @@ Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host,
   v.cols = host.cols;
   v.group_size = host.group_size;
   v.zero_offset = host.zero_offset;
+  v.uniform_zero = uniform_stored_zero(host);
   if (host.g_idx) {
     // A g_idx that is column / group_size (what petrel writes) is accepted by ref::GptqMatrix::view() as null;
     // a real act-order permutation would need the columns regrouped at export.

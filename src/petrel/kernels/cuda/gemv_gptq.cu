@@ -179,6 +179,7 @@ struct GemvPart {
   int64_t rows;
   int zero_offset;
   int first_tile;
+  int uniform_zero;  // DeviceGptqMatrix::uniform_zero (read by the kBuildUniformZeros kernels)
 };
 
 struct GemvArgs {
@@ -207,6 +208,7 @@ struct GemvArgs {
   int atomic_reduce;     // split-K sums added into y with atomics (GemvOptions::atomic_reduce)
   int shallow;           // not the kBuildDeep build where it would be (GemvOptions::deep_batches off)
   int late_batches;      // GemvOptions::late_batches (the kBuildLate kernels)
+  int uniform_zeros;     // GemvOptions::uniform_zeros, and every part's zeros uniform
   float* clear[2];       // GemvFusion::clear: zeroed after the wait (clear_vectors float4 each)
   int64_t clear_vectors[2];
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
@@ -582,12 +584,23 @@ constexpr unsigned kBuildDeep = 1;
 // behind the first reads of x (input_inv_rms); its own build, so that the other builds' code is untouched. Fewer
 // bytes ahead of x let down's last adds drain sooner (q/k/v past its wait 1.2 instead of 1.5 us after down on an
 // H200), but x's sum of squares then waits for the warp to issue the held-back loads (the SM's request queue is
-// full): +1.5% tg128 per channel with one batch late for q/k/v and gate/up, mixed at depth (session 34).
+// full): +1.5% tg128 per channel with one batch late for q/k/v and gate/up on an H200 (session 34). Launched
+// capped at 120 registers (gemv_gptq_tensor_core_capped): at 128 the step lost 5-7% after ~1,000 positions.
 constexpr unsigned kBuildLate = 2;
-template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
-__global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
+// kBuildUniformZeros (4-bit vector kernels, slices of several groups; launched with kBuildDeep): every zero of
+// every part is the part's GemvPart::uniform_zero (a symmetric grid), so the dequantization biases are decoded
+// once before the loop and a group change loads and converts only the scales; the general build decodes each
+// group's zeros (~12 dependent instructions at the head of every batch at group 128, before its first HSUB2)
+// and loads them. The same biases: bitwise the same sums. Session 35 (8B at group 128, H100): +1.1% tg128 with
+// three batches in flight for every product (121-124 registers); with two (80-96 registers) five blocks fit an
+// SM and the step lost 5%; the scales copied into shared memory before the wait on top gained nothing.
+constexpr unsigned kBuildUniformZeros = 4;
+template <int kBits, GemvInput kInput, int kTiles, bool kTimeline, unsigned kBuild>
+__device__ __forceinline__ void gemv_gptq_tensor_core_body(const GemvArgs& a) {
   constexpr bool kDeep = kBuild & kBuildDeep;
   constexpr bool kLate = kBuild & kBuildLate;
+  constexpr bool kUniformZeros = kBuild & kBuildUniformZeros;
+  static_assert(!kUniformZeros || (kBits == 4 && kTiles == 0 && !kLate), "kBuildUniformZeros: 4-bit vector kernels");
   static_assert(!kLate || (kBits == 4 && kInput == GemvInput::kRmsNorm && kTiles == 0), "kBuildLate: 4-bit RMSNorm vector kernels");
   constexpr bool kBatched = kTiles > 0;
   constexpr int kSets = kBatched ? kTiles : 1;  // accumulator sets (n-tiles)
@@ -686,6 +699,13 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     zeros_stride = tv.m.rows * kBits / 32;
     scales_at = tv.m.scales + group * tv.m.rows + tv.row;
     zeros_at = tv.m.qzeros + group * zeros_stride + tv.row * kBits / 32;
+    if constexpr (kUniformZeros) {
+      raw_scales = tv.row_ok ? __ldg(reinterpret_cast<const uint2*>(scales_at)) : make_uint2(0, 0);
+      scales_at += tv.m.rows;
+      next_scales = tv.row_ok && steps_to_group < slice.steps ? __ldg(reinterpret_cast<const uint2*>(scales_at))
+                                                              : make_uint2(0, 0);
+      return;
+    }
     load_raw_params(scales_at, zeros_at, tv.row_ok, raw_scales, raw_zeros);
     scales_at += tv.m.rows;
     zeros_at += zeros_stride;
@@ -851,9 +871,15 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
     }
     steps_in_acc = 0;
   };
+  if constexpr (kUniformZeros) {  // once: every group's zeros are the same
+    zero_biases<kBits>(static_cast<uint32_t>(v.m.uniform_zero) * 0x11111111u, zero_bias_bases(v.m.zero_offset), bias_low,
+                       bias_high);
+  }
   auto decode_params = [&] {
-    const int zero_shift = kBits == 4 ? 4 * static_cast<int>(v.row % 8) : 0;  // 4-bit zeros pack 8 rows a word
-    zero_biases<kBits>(raw_zeros >> zero_shift, zero_bias_bases(v.m.zero_offset), bias_low, bias_high);
+    if constexpr (!kUniformZeros) {
+      const int zero_shift = kBits == 4 ? 4 * static_cast<int>(v.row % 8) : 0;  // 4-bit zeros pack 8 rows a word
+      zero_biases<kBits>(raw_zeros >> zero_shift, zero_bias_bases(v.m.zero_offset), bias_low, bias_high);
+    }
     const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -865,10 +891,15 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   auto next_group = [&](int s) {  // step s starts a new group (uniform: steps never straddle groups)
     promote();
     raw_scales = next_scales;
-    raw_zeros = next_zeros;
+    if constexpr (!kUniformZeros) raw_zeros = next_zeros;
     decode_params();
     steps_to_group = a.group_steps;
     scales_at += v.m.rows;
+    if constexpr (kUniformZeros) {
+      next_scales = v.row_ok && s + steps_to_group < slice.steps ? __ldg(reinterpret_cast<const uint2*>(scales_at))
+                                                                 : make_uint2(0, 0);
+      return;
+    }
     zeros_at += zeros_stride;
     load_raw_params(scales_at, zeros_at, v.row_ok && s + steps_to_group < slice.steps, next_scales, next_zeros);
   };
@@ -1015,6 +1046,22 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
   }
 }
 
+template <int kBits, GemvInput kInput, int kTiles, bool kTimeline = false, unsigned kBuild = 0>
+__global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs a) {
+  gemv_gptq_tensor_core_body<kBits, kInput, kTiles, kTimeline, kBuild>(a);
+}
+
+// The kBuildUniformZeros and kBuildLate builds at most 120 registers. Unbounded they take 121-128, which the
+// allocation rounds to 128 a thread, so that four blocks fill an SM's whole register file; then the step lost
+// 4% after 1,000 positions at group 128 on an H200 (uniform zeros, session 35) and 5-7% per channel on H100s and
+// an H200 (late batches, session 34), and neither loses there capped (session 35, H100). The cap costs the
+// three-batch late build 12 bytes of spills (ptxas -v, sm_90a), the others none.
+constexpr int kCappedRegisters = 120;
+template <int kBits, GemvInput kInput, bool kTimeline, unsigned kBuild>
+__global__ void __maxnreg__(kCappedRegisters) gemv_gptq_tensor_core_capped(const GemvArgs a) {
+  gemv_gptq_tensor_core_body<kBits, kInput, 0, kTimeline, kBuild>(a);
+}
+
 // The baseline: lane l of every warp owns rows 4l .. 4l + 3 of the block's 128; warp k takes word k of each
 // step; float32 x, one FMA per weight, the zero folded into the magic-number conversion:
 // float(0x4B000000 | code) - (2^23 + zero) = code - zero exactly. One matrix, plain input, no overlap.
@@ -1124,15 +1171,23 @@ cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool ove
 // Launches build kBuild of the kernel, or its diagnostic twin (timeline.h) while a timeline is installed.
 template <int kBits, GemvInput kInput, int kTiles, unsigned kBuild = 0>
 cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
-  if constexpr (kTiles == 0) {
+  if constexpr (kTiles == 0 && (kBuild & (kBuildUniformZeros | kBuildLate)) != 0) {
     if (args.timeline.records) {
-      return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, kBuild>>(grid, shared, stream, overlap, args);
+      return launch_built<gemv_gptq_tensor_core_capped<kBits, kInput, true, kBuild>>(grid, shared, stream, overlap, args);
     }
+    return launch_built<gemv_gptq_tensor_core_capped<kBits, kInput, false, kBuild>>(grid, shared, stream, overlap, args);
+  } else {
+    if constexpr (kTiles == 0) {
+      if (args.timeline.records) {
+        return launch_built<gemv_gptq_tensor_core<kBits, kInput, 0, true, kBuild>>(grid, shared, stream, overlap, args);
+      }
+    }
+    return launch_built<gemv_gptq_tensor_core<kBits, kInput, kTiles, false, kBuild>>(grid, shared, stream, overlap, args);
   }
-  return launch_built<gemv_gptq_tensor_core<kBits, kInput, kTiles, false, kBuild>>(grid, shared, stream, overlap, args);
 }
 
-// The build for a launch (the 4-bit vector kernels; the others have one). kBuildDeep for the RMSNorm products
+// The build for a launch (the 4-bit vector kernels; the others have one). kBuildUniformZeros | kBuildDeep where
+// the slices span groups and every part's zeros are one value (GemvOptions::uniform_zeros). kBuildDeep for the RMSNorm products
 // (the token generator's q/k/v and gate/up) whose slices lie in one group (per channel): 8B on an H200 (session
 // 16, docs/PERFORMANCE.md), tg128 per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build
 // lost ~1% (not understood: it lost also with a probe that took the scales' and zeros' latency out), and three
@@ -1144,11 +1199,14 @@ cudaError_t launch_one(dim3 grid, size_t shared, cudaStream_t stream, bool overl
     const bool one_group = args.group_steps >= args.steps_per_split;  // groups at least a slice long: per channel
     if constexpr (kInput == GemvInput::kRmsNorm) {
       const bool deep = one_group && !args.shallow;
-      if (args.late_batches > 0) {
+      if (args.late_batches > 0 && one_group) {
         return deep ? launch_build<kBits, kInput, 0, kBuildDeep | kBuildLate>(grid, shared, stream, overlap, args)
                     : launch_build<kBits, kInput, 0, kBuildLate>(grid, shared, stream, overlap, args);
       }
       if (deep) return launch_build<kBits, kInput, 0, kBuildDeep>(grid, shared, stream, overlap, args);
+    }
+    if (!one_group && args.uniform_zeros) {
+      return launch_build<kBits, kInput, 0, kBuildUniformZeros | kBuildDeep>(grid, shared, stream, overlap, args);
     }
   }
   return launch_build<kBits, kInput, kTiles>(grid, shared, stream, overlap, args);
@@ -1235,7 +1293,7 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   int block = 0;
   for (size_t i = 0; i < members.size(); ++i) {
     const DeviceGptqMatrix& w = *members[i].w;
-    args.parts[i] = GemvPart{w.qweight, w.scales, w.qzeros, members[i].y, w.rows, w.zero_offset, block};
+    args.parts[i] = GemvPart{w.qweight, w.scales, w.qzeros, members[i].y, w.rows, w.zero_offset, block, w.uniform_zero};
     block += static_cast<int>((w.rows + kRowsPerBlock - 1) / kRowsPerBlock);
   }
   args.n_parts = static_cast<int>(members.size());
@@ -1265,6 +1323,10 @@ Status launch_gemv(std::span<const GemvGroupMember> members, const GemvPlan& pla
   args.atomic_reduce = tensor_core && tokens == 0 && options.atomic_reduce && !args.cluster_reduce && plan.k_splits > 1;
   args.shallow = !options.deep_batches;
   args.late_batches = tokens == 0 && options.late_batches > 0 ? options.late_batches : 0;
+  args.uniform_zeros = tokens == 0 && options.uniform_zeros;
+  for (const GemvGroupMember& member : members) {
+    if (member.w->uniform_zero < 0) args.uniform_zeros = 0;
+  }
   for (int c = 0; c < 2; ++c) {
     args.clear[c] = tokens == 0 ? fusion.clear[c].data : nullptr;
     args.clear_vectors[c] = tokens == 0 && fusion.clear[c].data ? fusion.clear[c].count / 4 : 0;

@@ -32,6 +32,10 @@ struct DeviceGptqMatrix {
   const int32_t* qweight = nullptr;  // [cols * bits / 32, rows]
   const uint16_t* scales = nullptr;  // fp16 [n_groups, rows]
   const int32_t* qzeros = nullptr;   // [n_groups, rows * bits / 32]
+  // The stored zero of every row in every group when they are all the same (a symmetric grid: 7 in GPTQ v1,
+  // petrel's default), else -1. Set by DeviceGptqWeights::upload; the 4-bit vector GEMV then decodes the zeros
+  // once instead of at every group change (GemvOptions::uniform_zeros).
+  int uniform_zero = -1;
 
   int64_t n_groups() const { return group_size > 0 ? (cols + group_size - 1) / group_size : 0; }
   // Bytes of qweight, scales and qzeros: what one GEMV must read at least.
@@ -100,11 +104,17 @@ struct GemvOptions {
   // 4-bit vector kernels with an RMSNorm input whose slices lie in one group (per channel) keep three batches of
   // weight loads in flight (gemv_gptq.cu, kBuildDeep); false: two, as every other vector kernel.
   bool deep_batches = true;
-  // 4-bit vector kernels with an RMSNorm input: how many of the batches of weight loads a thread keeps in flight
-  // (two, or three with deep_batches) go out after the wait for the previous kernel, right behind the block's
-  // first reads of x, instead of before it (0 to 2; more counts as all but the first; a build of its own,
-  // gemv_gptq.cu's kBuildLate). Fewer bytes queue ahead of x; the same sums, bitwise the same y.
+  // 4-bit vector kernels with an RMSNorm input whose slices lie in one group (per channel): how many of the
+  // batches of weight loads a thread keeps in flight (two, or three with deep_batches) go out after the wait for
+  // the previous kernel, right behind the block's first reads of x, instead of before it (0 to 2; more counts as
+  // all but the first; a build of its own, gemv_gptq.cu's kBuildLate; ignored at group 128, where it lost 8%).
+  // Fewer bytes queue ahead of x; the same sums, bitwise the same y.
   int late_batches = 0;
+  // 4-bit vector kernels whose slices span several groups (group 128) and whose matrices' zeros are all one
+  // value (DeviceGptqMatrix::uniform_zero): a build that decodes the zeros once, loads only the scales at each
+  // group change and keeps three batches of weight loads in flight (gemv_gptq.cu's kBuildUniformZeros); false:
+  // the general build, which loads and decodes every group's zeros. The same arithmetic: bitwise the same y.
+  bool uniform_zeros = true;
   // gemv_gptq_batch: row tiles (of 128 rows) each block computes one after another with one staged copy of x;
   // 0: chosen from the token count.
   int row_tiles = 0;
