@@ -1168,7 +1168,8 @@ cudaError_t launch_built(dim3 grid, size_t shared, cudaStream_t stream, bool ove
   return launch_kernel(Kernel, grid, dim3(kThreads), shared, stream, overlap, args);
 }
 
-// Launches build kBuild of the kernel, or its diagnostic twin (timeline.h) while a timeline is installed.
+// Launches build kBuild of the kernel (the uniform-zeros and late builds as gemv_gptq_tensor_core_capped), or its
+// diagnostic twin (timeline.h) while a timeline is installed.
 template <int kBits, GemvInput kInput, int kTiles, unsigned kBuild = 0>
 cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool overlap, const GemvArgs& args) {
   if constexpr (kTiles == 0 && (kBuild & (kBuildUniformZeros | kBuildLate)) != 0) {
