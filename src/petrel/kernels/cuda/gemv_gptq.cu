@@ -1052,10 +1052,14 @@ __global__ void __launch_bounds__(kThreads) gemv_gptq_tensor_core(const GemvArgs
 }
 
 // The kBuildUniformZeros and kBuildLate builds at most 120 registers. Unbounded they take 121-128, which the
-// allocation rounds to 128 a thread, so that four blocks fill an SM's whole register file; then the step lost
-// 4% after 1,000 positions at group 128 on an H200 (uniform zeros, session 35) and 5-7% per channel on H100s and
-// an H200 (late batches, session 34), and neither loses there capped (session 35, H100). The cap costs the
-// three-batch late build 12 bytes of spills (ptxas -v, sm_90a), the others none.
+// allocation rounds to 128 a thread; then the step lost 4% after 1,000 positions at group 128 on an H200 (uniform
+// zeros, session 35) and 5-7% per channel on H100s and an H200 (late batches, session 34), and neither loses
+// there capped (session 35, H100). The arithmetic of the register file: q/k/v's 384 blocks leave most SMs three
+// (3 x 128 x 120 = 46,080 registers), and the attention kernel's block that starts beside them to stage its KV
+// chunks before its wait (4 slots x 32 threads x 152 = 19,456) fits the 65,536 exactly; at 128 (49,152) it
+// waits for a q/k/v block to leave, which matters once attention has many blocks (long contexts). The cap costs
+// the three-batch late build 12 bytes of spills (ptxas -v, sm_90a), the others none. Keep every decode build
+// that runs beside attention at 120 or less.
 constexpr int kCappedRegisters = 120;
 template <int kBits, GemvInput kInput, bool kTimeline, unsigned kBuild>
 __global__ void __maxnreg__(kCappedRegisters) gemv_gptq_tensor_core_capped(const GemvArgs a) {
