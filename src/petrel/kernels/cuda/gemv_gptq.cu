@@ -591,9 +591,10 @@ constexpr unsigned kBuildLate = 2;
 // every part is the part's GemvPart::uniform_zero (a symmetric grid), so the dequantization biases are decoded
 // once before the loop and a group change loads and converts only the scales; the general build decodes each
 // group's zeros (~12 dependent instructions at the head of every batch at group 128, before its first HSUB2)
-// and loads them. The same biases: bitwise the same sums. Session 35 (8B at group 128, H100): +1.1% tg128 with
-// three batches in flight for every product (121-124 registers); with two (80-96 registers) five blocks fit an
-// SM and the step lost 5%; the scales copied into shared memory before the wait on top gained nothing.
+// and loads them. The same biases: bitwise the same sums. Session 35 (8B at group 128): with three batches in
+// flight for every product +3.7% tg128 on an H200, 0 to +1.1% on H100s (114-118 registers under the cap of
+// gemv_gptq_tensor_core_capped, 121-124 without); with two (80-96 registers) five blocks fit an SM and the step
+// lost 5%; the scales copied into shared memory before the wait on top gained nothing.
 constexpr unsigned kBuildUniformZeros = 4;
 template <int kBits, GemvInput kInput, int kTiles, bool kTimeline, unsigned kBuild>
 __device__ __forceinline__ void gemv_gptq_tensor_core_body(const GemvArgs& a) {
@@ -1195,7 +1196,8 @@ cudaError_t launch_build(dim3 grid, size_t shared, cudaStream_t stream, bool ove
 // the slices span groups and every part's zeros are one value (GemvOptions::uniform_zeros). kBuildDeep for the RMSNorm products
 // (the token generator's q/k/v and gate/up) whose slices lie in one group (per channel): 8B on an H200 (session
 // 16, docs/PERFORMANCE.md), tg128 per channel 584.2 -> 591.2 tok/s (medians of 4); at group 128 the same build
-// lost ~1% (not understood: it lost also with a probe that took the scales' and zeros' latency out), and three
+// lost ~1% (not understood: it lost also with a probe that took the scales' and zeros' latency out; with the
+// zeros decoded once, kBuildUniformZeros, three batches gain there: session 35), and three
 // batches for the SiLU*up product (down) too gained less (+0.7%). GemvOptions::deep_batches off (args.shallow)
 // keeps two: on H100s +0.3 to +1.0% per channel (sessions 33-34, 10 pairs), on an H200 -1.5% (session 34).
 template <int kBits, GemvInput kInput, int kTiles>
