@@ -129,8 +129,9 @@ struct CudaModelOptions {
   } decode_late_batches;
   // The fused step's 4-bit GEMVs at group 128 (slices of several groups) whose zeros are all one value (a
   // symmetric grid, petrel's default) decode the zeros once instead of at every group change, with three batches
-  // of weight loads in flight (cuda::GemvOptions::uniform_zeros): +1.1% tg128 at group 128 on an H100 (session
-  // 35, docs/PERFORMANCE.md). The decode bench's suffix "-uz0" turns it off. Bitwise the same logits.
+  // of weight loads in flight (cuda::GemvOptions::uniform_zeros): tg128 at group 128 +3.7% on an H200 (before the
+  // 120-register cap), 0 to +1.1% on H100s (session 35, docs/PERFORMANCE.md). The decode bench's suffix "-uz0"
+  // turns it off. Bitwise the same logits.
   bool decode_uniform_zeros = true;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
