@@ -205,28 +205,20 @@ Result<GemvPlan> plan_gemv_gptq_grouped(std::span<const GemvGroupMember> members
 
 namespace {
 
-// The stored zero every row of every group has, or -1 (DeviceGptqMatrix::uniform_zero). Whole words compared
-// where the rows fill them (8B-shaped matrices: a few MB of zeros words, ~ms); a row at a time otherwise.
+// The stored zero every row of every group has, or -1 (DeviceGptqMatrix::uniform_zero): every zeros word compared
+// with the first zero repeated (8B-shaped matrices: a few MB of words, ~ms). Rows that do not fill whole words
+// (which GPTQ packing refuses) count as not uniform: the general build reads them.
 int uniform_stored_zero(const ref::GptqMatrix& m) {
-  if (!m.qzeros || m.n_groups() == 0 || m.rows == 0) return -1;
   const int per_word = 32 / m.bits;
-  const uint32_t mask = (1u << m.bits) - 1;
-  const int zero = static_cast<int>(static_cast<uint32_t>(m.qzeros[0]) & mask);
-  if (m.rows % per_word == 0) {
-    uint32_t word = 0;
-    for (int i = 0; i < per_word; ++i) word |= static_cast<uint32_t>(zero) << (m.bits * i);
-    const int64_t words = m.n_groups() * (m.rows / per_word);
-    for (int64_t i = 0; i < words; ++i) {
-      if (static_cast<uint32_t>(m.qzeros[i]) != word) return -1;
-    }
-    return zero;
+  if (!m.qzeros || m.n_groups() == 0 || m.rows == 0 || m.rows % per_word != 0) return -1;
+  const uint32_t zero = static_cast<uint32_t>(m.qzeros[0]) & ((1u << m.bits) - 1);
+  uint32_t word = 0;
+  for (int i = 0; i < per_word; ++i) word |= zero << (m.bits * i);
+  const int64_t words = m.n_groups() * (m.rows / per_word);
+  for (int64_t i = 0; i < words; ++i) {
+    if (static_cast<uint32_t>(m.qzeros[i]) != word) return -1;
   }
-  for (int64_t g = 0; g < m.n_groups(); ++g) {
-    for (int64_t r = 0; r < m.rows; ++r) {
-      if (m.zero(g, r) - m.zero_offset != zero) return -1;
-    }
-  }
-  return zero;
+  return static_cast<int>(zero);
 }
 
 }  // namespace

@@ -701,10 +701,9 @@ __device__ __forceinline__ void gemv_gptq_tensor_core_body(const GemvArgs& a) {
     scales_at = tv.m.scales + group * tv.m.rows + tv.row;
     zeros_at = tv.m.qzeros + group * zeros_stride + tv.row * kBits / 32;
     if constexpr (kUniformZeros) {
-      raw_scales = tv.row_ok ? __ldg(reinterpret_cast<const uint2*>(scales_at)) : make_uint2(0, 0);
+      raw_scales = load_raw_scales(scales_at, tv.row_ok);
       scales_at += tv.m.rows;
-      next_scales = tv.row_ok && steps_to_group < slice.steps ? __ldg(reinterpret_cast<const uint2*>(scales_at))
-                                                              : make_uint2(0, 0);
+      next_scales = load_raw_scales(scales_at, tv.row_ok && steps_to_group < slice.steps);
       return;
     }
     load_raw_params(scales_at, zeros_at, tv.row_ok, raw_scales, raw_zeros);
@@ -897,8 +896,7 @@ __device__ __forceinline__ void gemv_gptq_tensor_core_body(const GemvArgs& a) {
     steps_to_group = a.group_steps;
     scales_at += v.m.rows;
     if constexpr (kUniformZeros) {
-      next_scales = v.row_ok && s + steps_to_group < slice.steps ? __ldg(reinterpret_cast<const uint2*>(scales_at))
-                                                                 : make_uint2(0, 0);
+      next_scales = load_raw_scales(scales_at, v.row_ok && s + steps_to_group < slice.steps);
       return;
     }
     zeros_at += zeros_stride;

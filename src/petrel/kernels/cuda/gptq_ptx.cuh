@@ -96,8 +96,13 @@ __device__ __forceinline__ void dequant_word8(uint32_t w, uint32_t bias_low, uin
   v[1] = sub_f16x2(mask_or_magic<0x00FF00FFu>(w >> 8), bias_low);
 }
 
-// The raw scales (4 fp16 at `scales_at`: 4 consecutive rows of one group) and the zeros word (at `zeros_at`)
-// of a thread's rows; zeros when not `wanted`. Read-only path: the W4A16 kernels read them once per group.
+// The raw scales (4 fp16 at `scales_at`: 4 consecutive rows of one group) of a thread's rows; zeros when not
+// `wanted`. Read-only path: the W4A16 kernels read them once per group.
+__device__ __forceinline__ uint2 load_raw_scales(const uint16_t* scales_at, bool wanted) {
+  return wanted ? __ldg(reinterpret_cast<const uint2*>(scales_at)) : make_uint2(0, 0);
+}
+
+// The raw scales as load_raw_scales, and the zeros word (at `zeros_at`) of a thread's rows; zeros when not `wanted`.
 __device__ __forceinline__ void load_raw_params(const uint16_t* scales_at, const int32_t* zeros_at, bool wanted,
                                                 uint2& scales, uint32_t& zeros) {
   scales = make_uint2(0, 0);
