@@ -1,7 +1,7 @@
 // petrel_bench_gemv_cuda: the CUDA W4A16 GEMV on Llama-3.1-8B's decode shapes, against the device's own
 // copy bandwidth measured in the same run.
 //
-//   petrel_bench_gemv_cuda [--sweep] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
+//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
 //
 // For each shape: random GPTQ tensors (speed does not depend on the values), checked once against
 // ref::matmul (x rounded to fp16, as the tensor-core kernel multiplies it); then the median over --reps of
@@ -9,6 +9,7 @@
 // from a CUDA graph. The calls rotate over enough copies of the weights (>= 256 MB) that they come from
 // device memory, not the 50-60 MB L2. GB/s counts the weight bytes (qweight, scales, zeros) over the time;
 // "% copy" compares that with a device-to-device cudaMemcpy of 1 GiB, counting its bytes read plus written.
+// --l2-hot reads one copy each call (from L2 where it fits: what the kernel does when memory is not the limit).
 // --sweep also times the tensor-core kernel at fixed k_splits, to check the planner's choice. --shapes replaces
 // the Llama shapes with 4-bit rows x cols matrices (":128" for group 128), e.g. to see how a GEMV's time
 // follows its grid: 28672x4096 is 448 blocks of 64 steps, 33792x3456 the same bytes in 528 blocks of 54.
@@ -114,6 +115,7 @@ const char* algorithm_name(cuda::GemvAlgorithm a) {
 int main(int argc, char** argv) {
   int reps = 30, calls = 50;
   bool sweep = false;
+  bool l2_hot = false;  // --l2-hot: one copy of the weights, so that calls read them from L2 where they fit
   std::string json_path;
   std::vector<Shape> custom;
   std::deque<std::string> custom_names;  // Shape::name points into these
@@ -131,11 +133,12 @@ int main(int argc, char** argv) {
         custom.push_back({custom_names.back().c_str(), rows, cols, 4, n == 3 ? group : -1});
       }
     } else if (arg == "--sweep") sweep = true;
+    else if (arg == "--l2-hot") l2_hot = true;
     else if (arg == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n", argv[0]);
       return 2;
     }
   }
@@ -191,7 +194,7 @@ int main(int argc, char** argv) {
     auto first = take(cuda::DeviceGptqWeights::upload(hm), "upload");
     const int64_t weight_bytes = first.view().weight_bytes();
     // Copies of the weights so that the calls stream from device memory, not L2.
-    const int n_copies = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / weight_bytes + 1, 1, 64));
+    const int n_copies = l2_hot ? 1 : static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / weight_bytes + 1, 1, 64));
     std::vector<cuda::DeviceBuffer> owned;
     std::vector<cuda::DeviceGptqMatrix> copies = {first.view()};
     const size_t qweight_bytes = s.cols * s.bits / 32 * s.rows * 4, scales_bytes = hm.n_groups() * s.rows * 2,
