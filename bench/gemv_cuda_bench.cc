@@ -174,6 +174,7 @@ int main(int argc, char** argv) {
               dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
   std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
   std::printf("streaming read kernel (1 GiB, 16-byte loads): %.0f GB/s\n\n", read_gbs);
+  if (l2_hot) std::printf("--l2-hot: every call reads the same copy of the weights (from L2 where it fits)\n\n");
 
   const std::vector<Shape> llama_shapes = {
       {"tiny 128x256 (launch cost)", 128, 256, 4, -1},
@@ -193,7 +194,7 @@ int main(int argc, char** argv) {
     const ref::GptqMatrix hm = host.view();
     auto first = take(cuda::DeviceGptqWeights::upload(hm), "upload");
     const int64_t weight_bytes = first.view().weight_bytes();
-    // Copies of the weights so that the calls stream from device memory, not L2.
+    // Copies of the weights so that the calls stream from device memory, not L2 (one with --l2-hot).
     const int n_copies = l2_hot ? 1 : static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / weight_bytes + 1, 1, 64));
     std::vector<cuda::DeviceBuffer> owned;
     std::vector<cuda::DeviceGptqMatrix> copies = {first.view()};
@@ -266,7 +267,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!json_path.empty()) {
-    nlohmann::json doc = {{"device", dev.name}, {"copy_gbs", copy_gbs}, {"read_gbs", read_gbs}, {"reps", reps}, {"calls", calls},
+    nlohmann::json doc = {{"device", dev.name}, {"copy_gbs", copy_gbs}, {"read_gbs", read_gbs}, {"reps", reps}, {"calls", calls}, {"l2_hot", l2_hot},
                           {"results", results}};
     std::ofstream(json_path) << doc.dump(2) << "\n";
   }
