@@ -55,6 +55,11 @@
 //   any of them with "-splitN" (before "-nograph"): N KV positions per attention block instead of the default
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
+//   any of them with "-tmagS" (before "-ctxN"): gate/up through the tensor-copy-fed GEMV (gemv_tma.h), S stages of
+//                     4 KB in flight per warp (CudaModelOptions::decode_tma_gate_up_stages; per channel), e.g. fused-tmag3;
+//                     "-tmagSP": P of them asked for before the wait, the rest once x is staged, e.g. fused-tmag30;
+//                     "-tmagSPD": D = 1 launches down only after gate/up's loop (late_dependents), e.g. fused-tmag221;
+//                     "-tmaqS" (before "-tmagS"): q/k/v past layer 0 likewise, e.g. fused-tmaq1-tmag1
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
 //   any of them with "-lateQG" (before "-uz0"): q/k/v and gate/up each with that many of its batches of weight
@@ -265,6 +270,23 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
+  // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
+  // (CudaModelOptions::decode_tma_gate_up_stages; per channel only), e.g. fused-tmag3.
+  // "-tmagSP": P of the S stages asked for before the wait (CudaModelOptions::decode_tma_gate_up_prewait), e.g.
+  // fused-tmag30; "-tmagSPD": D = 1, down launched after gate/up's loop (decode_tma_gate_up_late_dependents).
+  if (const size_t at = base.rfind("-tmag"); at != std::string::npos) {
+    const std::string digits = base.substr(at + 5);
+    int64_t n = 0;
+    if (!take_number_suffix(base, "-tmag", 3, &n)) return false;
+    if (digits.size() == 3) {
+      o.decode_tma_late_dependents = n % 10 == 1;
+      n /= 10;
+    }
+    o.decode_tma_gate_up_stages = static_cast<int>(digits.size() >= 2 ? n / 10 : n);
+    if (digits.size() >= 2) o.decode_tma_prewait = static_cast<int>(n % 10);
+  }
+  // "-tmaqS" (before any "-tmagS"): q/k/v past layer 0 likewise (CudaModelOptions::decode_tma_qkv_stages).
+  if (int64_t stages = 0; take_number_suffix(base, "-tmaq", 1, &stages)) o.decode_tma_qkv_stages = static_cast<int>(stages);
   // "-uz0" / "-uz1" (after any "-ctxN"): group 128's uniform-zeros build off / on (CudaModelOptions::
   // decode_uniform_zeros; off: the general build, which loads and decodes every group's zeros), e.g. fused-uz0.
   if (int64_t uz = 0; take_number_suffix(base, "-uz", 1, &uz)) {

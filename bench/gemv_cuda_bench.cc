@@ -1,7 +1,7 @@
 // petrel_bench_gemv_cuda: the CUDA W4A16 GEMV on Llama-3.1-8B's decode shapes, against the device's own
 // copy bandwidth measured in the same run.
 //
-//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
+//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
 //
 // For each shape: random GPTQ tensors (speed does not depend on the values), checked once against
 // ref::matmul (x rounded to fp16, as the tensor-core kernel multiplies it); then the median over --reps of
@@ -13,6 +13,10 @@
 // --sweep also times the tensor-core kernel at fixed k_splits, to check the planner's choice. --shapes replaces
 // the Llama shapes with 4-bit rows x cols matrices (":128" for group 128), e.g. to see how a GEMV's time
 // follows its grid: 28672x4096 is 448 blocks of 64 steps, 33792x3456 the same bytes in 528 blocks of 54.
+// --tma S,... (4-bit per-channel shapes) also times the tensor-copy-fed GEMV (gemv_tma.h) with S stages a warp,
+// and beside it the tensor-core kernel with atomic split-K sums (the decode step's epilogue, which gemv_tma has):
+// both add into y, so their rows compare loops and first loads, not epilogues. --tma-splits K,... gives gemv_tma
+// those input slices (0, the default: the planner's, as the tensor-core kernel).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,6 +35,7 @@
 #include "cuda_bench_util.h"
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/gemv_tma.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/quant/format.h"
 #include "petrel/util/dtype.h"
@@ -80,11 +85,12 @@ struct Timing {
   double stream_us = 0, graph_us = 0;
 };
 
-// Median time per call of `calls` calls over `reps` repetitions, on a stream and as a replayed graph.
-Timing time_gemv(const std::vector<cuda::DeviceGptqMatrix>& copies, const float* x, float* y,
-                 cuda::GemvWorkspace& ws, cudaStream_t stream, const cuda::GemvOptions& options, int reps, int calls) {
+// Median time per call of `calls` calls (launch(c) the c-th) over `reps` repetitions, on a stream and as a
+// replayed graph.
+template <typename Launch>
+Timing time_calls(cudaStream_t stream, int reps, int calls, const Launch& launch) {
   auto launch_all = [&] {
-    for (int c = 0; c < calls; ++c) check(cuda::gemv_gptq(copies[c % copies.size()], x, y, ws, stream, options), "gemv");
+    for (int c = 0; c < calls; ++c) launch(c);
   };
   Timing t;
   t.stream_us = petrel::bench::median_event_us(stream, reps, launch_all) / calls;
@@ -116,6 +122,8 @@ int main(int argc, char** argv) {
   int reps = 30, calls = 50;
   bool sweep = false;
   bool l2_hot = false;  // --l2-hot: one copy of the weights, so that calls read them from L2 where they fit
+  std::vector<int> tma_stages;  // --tma: gemv_tma's stages a warp to time
+  std::vector<int> tma_splits = {0};  // --tma-splits: and its input slices (0: the planner's)
   std::string json_path;
   std::vector<Shape> custom;
   std::deque<std::string> custom_names;  // Shape::name points into these
@@ -134,11 +142,25 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--sweep") sweep = true;
     else if (arg == "--l2-hot") l2_hot = true;
+    else if (arg == "--tma" && i + 1 < argc) {
+      for (const std::string& item : petrel::bench::split_list(argv[++i])) {
+        const int stages = std::atoi(item.c_str());
+        if (stages < 1 || stages > cuda::kMaxGemvTmaStages) {
+          std::fprintf(stderr, "--tma: '%s' is not a stage count from 1 to %d\n", item.c_str(), cuda::kMaxGemvTmaStages);
+          return 2;
+        }
+        tma_stages.push_back(stages);
+      }
+    } else if (arg == "--tma-splits" && i + 1 < argc) {
+      tma_splits.clear();
+      for (const std::string& item : petrel::bench::split_list(argv[++i])) tma_splits.push_back(std::max(0, std::atoi(item.c_str())));
+    }
     else if (arg == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -236,11 +258,11 @@ int main(int argc, char** argv) {
       }
     }
     const int64_t io_bytes = s.cols * 4 + s.rows * 4;
-    for (const cuda::GemvOptions& options : configs) {
-      auto plan = cuda::plan_gemv_gptq(first.view(), ws.multiprocessors(), ws.partial_capacity(), options);
-      if (!plan.ok()) continue;  // a fixed split this shape cannot take
-      check(y_dev.fill_bytes(0xFF), "poison y");
-      check(cuda::gemv_gptq(first.view(), x_dev.as<float>(), y_dev.as<float>(), ws, stream, options), "gemv");
+    const std::string group = s.group < 0 ? "channel" : std::to_string(s.group);
+    // One row of the table: `launch(w)` runs the product on copy w; `adds` kernels add into y (zeroed for the check).
+    auto measure = [&](const std::string& label, const std::string& splits, bool adds, const auto& launch) {
+      check(y_dev.fill_bytes(adds ? 0 : 0xFF), "poison y");
+      launch(first.view());
       CHECK_CUDA(cudaStreamSynchronize(stream));
       check(y_dev.download(got.data(), s.rows * 4), "download y");
       double diff = 0, norm = 0;
@@ -249,21 +271,46 @@ int main(int argc, char** argv) {
         norm += double(want[i]) * want[i];
       }
       const double rel = std::isfinite(diff) ? std::sqrt(diff / norm) : INFINITY;
-      const Timing t = time_gemv(copies, x_dev.as<float>(), y_dev.as<float>(), ws, stream, options, reps, calls);
+      const Timing t = time_calls(stream, reps, calls, [&](int c) { launch(copies[c % copies.size()]); });
       const double gbs = weight_bytes / (t.graph_us * 1e-6) / 1e9;
       const double floor_us = (weight_bytes + io_bytes) / (copy_gbs * 1e9) * 1e6;
-      const std::string group = s.group < 0 ? "channel" : std::to_string(s.group);
-      std::printf("| %s | %s | %s | %s%d | %.1f | %.2f | %.2f | %.2f | %.0f | %.0f%% | %.1e |\n", s.name, group.c_str(),
-                  (std::string(algorithm_name(options.algorithm)) + (options.cluster_reduce ? " cluster" : "")).c_str(),
-                  options.k_splits == 0 ? "auto " : "", plan->k_splits,
-                  weight_bytes / 1e6, floor_us, t.stream_us, t.graph_us, gbs, 100.0 * gbs / copy_gbs, rel);
+      std::printf("| %s | %s | %s | %s | %.1f | %.2f | %.2f | %.2f | %.0f | %.0f%% | %.1e |\n", s.name, group.c_str(),
+                  label.c_str(), splits.c_str(), weight_bytes / 1e6, floor_us, t.stream_us, t.graph_us, gbs,
+                  100.0 * gbs / copy_gbs, rel);
       std::fflush(stdout);
       results.push_back({{"shape", s.name}, {"rows", s.rows}, {"cols", s.cols}, {"bits", s.bits}, {"group", group},
-                         {"algorithm", algorithm_name(options.algorithm)}, {"cluster_reduce", options.cluster_reduce},
-                         {"k_splits_auto", options.k_splits == 0},
-                         {"k_splits", plan->k_splits}, {"weight_bytes", weight_bytes}, {"floor_us", floor_us},
+                         {"algorithm", label}, {"k_splits", splits}, {"weight_bytes", weight_bytes}, {"floor_us", floor_us},
                          {"stream_us", t.stream_us}, {"graph_us", t.graph_us}, {"weight_gbs", gbs},
                          {"copy_gbs", copy_gbs}, {"rel_l2", rel}});
+    };
+    for (const cuda::GemvOptions& options : configs) {
+      auto plan = cuda::plan_gemv_gptq(first.view(), ws.multiprocessors(), ws.partial_capacity(), options);
+      if (!plan.ok()) continue;  // a fixed split this shape cannot take
+      measure(std::string(algorithm_name(options.algorithm)) + (options.cluster_reduce ? " cluster" : ""),
+              (options.k_splits == 0 ? "auto " : "") + std::to_string(plan->k_splits), false,
+              [&](const cuda::DeviceGptqMatrix& w) {
+                check(cuda::gemv_gptq(w, x_dev.as<float>(), y_dev.as<float>(), ws, stream, options), "gemv");
+              });
+    }
+    if (!tma_stages.empty() && cuda::gemv_gptq_tma_supports(first.view()).ok()) {
+      cuda::GemvOptions atomic{cuda::GemvAlgorithm::kTensorCore, 0};
+      atomic.atomic_reduce = true;
+      const int splits = take(cuda::plan_gemv_gptq(first.view(), ws.multiprocessors(), ws.partial_capacity(), atomic),
+                              "plan").k_splits;
+      measure("tensor core atomic", "auto " + std::to_string(splits), true, [&](const cuda::DeviceGptqMatrix& w) {
+        check(cuda::gemv_gptq(w, x_dev.as<float>(), y_dev.as<float>(), ws, stream, atomic), "gemv");
+      });
+      for (const int k : tma_splits) {
+        for (const int stages : tma_stages) {
+          cuda::GemvTmaOptions tma;
+          tma.stages = stages;
+          tma.k_splits = k;
+          measure("tma " + std::to_string(stages) + " stages", k == 0 ? "auto " + std::to_string(splits) : std::to_string(k), true,
+                  [&](const cuda::DeviceGptqMatrix& w) {
+                    check(cuda::gemv_gptq_tma(w, x_dev.as<float>(), y_dev.as<float>(), dev.multiprocessors, stream, tma), "gemv_tma");
+                  });
+        }
+      }
     }
   }
   if (!json_path.empty()) {

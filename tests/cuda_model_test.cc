@@ -382,6 +382,12 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   CudaModelOptions atomic = split;
   atomic.decode_atomic_reduce = true;  // split-K sums by atomics (all but layer 0's q/k/v): an order varying by run
   expect_close(atomic, "atomic split-K");
+  CudaModelOptions tma = atomic;  // gate/up through the tensor-copy-fed GEMV (per channel; group 128 keeps the register one)
+  tma.decode_tma_gate_up_stages = 2;
+  expect_close(tma, "gate/up by tensor copies");
+  tma.decode_tma_qkv_stages = 1;  // and q/k/v past layer 0
+  tma.decode_tma_prewait = 0;
+  expect_close(tma, "q/k/v and gate/up by tensor copies");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

@@ -20,6 +20,7 @@
 #include "petrel/kernels/cuda/elementwise.h"
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/gemv_tma.h"
 #include "petrel/kernels/cuda/timeline.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
@@ -913,6 +914,109 @@ TEST(KernelsCuda, GemvAtomicSplitKMatchesReference) {
   ragged.clear[0] = {};
   ragged.clear[1] = {y->as<float>() + 1, 8};
   EXPECT_FALSE(cuda::gemv_gptq(m.device.view(), y->as<float>() + 512, y->as<float>() + 64, *workspace, nullptr, {}, ragged).ok());
+}
+
+// gemv_tma.h's tensor-copy-fed GEMV (a probe for the decode step, not used by the model): the register kernel's
+// arithmetic, so ref::matmul's sums within kTolerance, on shapes with partial row tiles, partial warps, partial
+// stages and uneven slices, every stage count; and what it refuses.
+TEST(KernelsCuda, GemvTmaMatchesReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(35);
+  auto workspace = cuda::GemvWorkspace::create();
+  ASSERT_TRUE(workspace.ok());
+  auto devices = cuda::list_devices();
+  ASSERT_TRUE(devices.ok());
+  const int multiprocessors = (*devices)[0].multiprocessors;
+  struct Case { int64_t rows, cols; };
+  for (const Case& c : {Case{4096, 4096}, Case{1000, 2048}, Case{200, 96}, Case{72, 4096}, Case{14336, 4096}}) {
+    const TestGptq m = make_gptq(rng, c.rows, c.cols, 4, -1, false);
+    const std::vector<float> x = random_floats(rng, c.cols, 2.0f);
+    const std::vector<float> x16 = round_to_f16(x);
+    std::vector<float> want(c.rows);
+    ref::matmul(x16.data(), 1, m.host.view(), want.data());
+    cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4);
+    auto y = cuda::DeviceBuffer::allocate(c.rows * 4);
+    ASSERT_TRUE(y.ok());
+    for (int k_splits : {0, 1, 5}) {
+      for (int stages : {1, 2, 4, cuda::kMaxGemvTmaStages}) {
+        SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " k_splits " + std::to_string(k_splits) +
+                     " stages " + std::to_string(stages));
+        ASSERT_TRUE(y->fill_bytes(0).ok());
+        cuda::GemvTmaOptions options;
+        options.k_splits = k_splits;
+        options.stages = stages;
+        options.prewait_stages = k_splits == 5 ? 1 : -1;  // the rest asked for after x is staged
+        const Status st = cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, options);
+        if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.to_string();  // before compute capability 9.0
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_LE(relative_l2(download_floats(*y, c.rows), want), kTolerance);
+      }
+    }
+  }
+  // Grouped (gate/up-like: two members side by side in one grid) with the RMSNorm input and a vector cleared, as the
+  // decode step would launch it: against the reference ops, and against gemv_gptq_grouped with atomic split-K on
+  // the same slices (its sums of squares in the same order).
+  {
+    const int64_t cols = 2048;
+    std::vector<TestGptq> matrices;
+    for (int64_t rows : {1000, 2048}) matrices.push_back(make_gptq(rng, rows, cols, 4, -1, false));
+    const std::vector<float> x = random_floats(rng, cols, 2.0f);
+    cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4);
+    for (DType norm_dtype : kFloatTypes) {
+      const StoredFloats norm = store_as(random_floats(rng, cols), norm_dtype);
+      cuda::DeviceBuffer norm_dev = to_device(norm.bytes.data(), norm.bytes.size());
+      std::vector<float> in(cols);
+      ref::rms_norm(x.data(), 1, cols, ref::DenseMatrix{norm_dtype, 1, cols, norm.bytes.data()}, 1e-5f, in.data());
+      const std::vector<float> in16 = round_to_f16(in);
+      std::vector<cuda::DeviceBuffer> outputs, register_outputs;
+      std::vector<cuda::GemvGroupMember> members, register_members;
+      for (const TestGptq& m : matrices) {
+        outputs.push_back(to_device(x.data(), m.host.rows * 4));
+        register_outputs.push_back(to_device(x.data(), m.host.rows * 4));
+        ASSERT_TRUE(outputs.back().fill_bytes(0).ok());
+        ASSERT_TRUE(register_outputs.back().fill_bytes(0).ok());
+        members.push_back({&m.device.view(), outputs.back().as<float>()});
+        register_members.push_back({&m.device.view(), register_outputs.back().as<float>()});
+      }
+      cuda::DeviceBuffer cleared = to_device(x.data(), 64 * 4);
+      cuda::GemvFusion fusion;
+      fusion.input = cuda::GemvInput::kRmsNorm;
+      fusion.norm_weight = cuda::DeviceVector{norm_dtype, cols, norm_dev.data()};
+      fusion.norm_eps = 1e-5f;
+      fusion.clear[1] = {cleared.as<float>(), 64};
+      cuda::GemvTmaOptions options;
+      options.k_splits = 2;
+      options.stages = 3;
+      options.overlap_previous = true;
+      const Status st = cuda::gemv_gptq_tma_grouped(members, x_dev.as<float>(), multiprocessors, nullptr, options, fusion);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      cuda::GemvOptions atomic;
+      atomic.k_splits = 2;
+      atomic.atomic_reduce = true;
+      atomic.overlap_previous = true;
+      const Status rst = cuda::gemv_gptq_grouped(register_members, x_dev.as<float>(), *workspace, nullptr, atomic, fusion);
+      ASSERT_TRUE(rst.ok()) << rst.to_string();
+      for (size_t i = 0; i < matrices.size(); ++i) {
+        SCOPED_TRACE("grouped RMSNorm " + std::string(dtype_name(norm_dtype)) + ", matrix " + std::to_string(i));
+        std::vector<float> want(matrices[i].host.rows);
+        ref::matmul(in16.data(), 1, matrices[i].host.view(), want.data());
+        const std::vector<float> got = download_floats(outputs[i], matrices[i].host.rows);
+        EXPECT_LE(relative_l2(got, want), 1e-4);  // the sum of squares' order may move an fp16 rounding
+        EXPECT_EQ(got, download_floats(register_outputs[i], matrices[i].host.rows)) << "two slices into zeros: same bits";
+      }
+      EXPECT_EQ(download_floats(cleared, 64), std::vector<float>(64, 0.0f));
+    }
+  }
+  const TestGptq grouped = make_gptq(rng, 64, 256, 4, 128, false), wide = make_gptq(rng, 64, 256, 8, -1, false),
+                 plain = make_gptq(rng, 64, 256, 4, -1, false);
+  auto y = cuda::DeviceBuffer::allocate(4096);
+  ASSERT_TRUE(y.ok());
+  EXPECT_FALSE(cuda::gemv_gptq_tma(grouped.device.view(), y->as<float>() + 512, y->as<float>(), multiprocessors).ok());
+  EXPECT_FALSE(cuda::gemv_gptq_tma(wide.device.view(), y->as<float>() + 512, y->as<float>(), multiprocessors).ok());
+  EXPECT_FALSE(cuda::gemv_gptq_tma(plain.device.view(), y->as<float>() + 513, y->as<float>(), multiprocessors).ok());
+  cuda::GemvTmaOptions too_deep;
+  too_deep.stages = cuda::kMaxGemvTmaStages + 1;
+  EXPECT_FALSE(cuda::gemv_gptq_tma(plain.device.view(), y->as<float>() + 512, y->as<float>(), multiprocessors, nullptr, too_deep).ok());
 }
 
 // The block timeline (timeline.h): with a ring installed, a GEMV launch appends one record a block with its

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "petrel/kernels/cuda/gemm.h"
 #include "petrel/kernels/cuda/gemv_dense.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/kernels/cuda/gemv_tma.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
@@ -375,7 +377,26 @@ struct CudaModel::State {
                                            {&w.v_proj.quantized.view(), v.as<float>()}};
       const uint32_t skip = options.decode_skip_phases;  // diagnostic (CudaModelOptions::decode_skip_phases)
       const CudaModelOptions::DecodeCarveouts& carveouts = options.decode_phase_carveouts;
-      if (!(skip & CudaModelOptions::kSkipQkv)) {
+      auto tma_for = [&](int stages, std::initializer_list<const cuda::DeviceGptqMatrix*> matrices) {
+        bool ok = stages > 0 && atomic.atomic_reduce;
+        for (const cuda::DeviceGptqMatrix* m : matrices) ok = ok && cuda::gemv_gptq_tma_supports(*m).ok();
+        cuda::GemvTmaOptions tma;
+        tma.stages = ok ? stages : 0;
+        tma.prewait_stages = options.decode_tma_prewait;
+        tma.late_dependents = options.decode_tma_late_dependents;
+        tma.overlap_previous = overlap;
+        return tma;
+      };
+      const cuda::GemvTmaOptions tma_qkv = tma_for(
+          l > 0 ? options.decode_tma_qkv_stages : 0,
+          {&w.q_proj.quantized.view(), &w.k_proj.quantized.view(), &w.v_proj.quantized.view()});
+      if (!(skip & CudaModelOptions::kSkipQkv) && tma_qkv.stages > 0) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
+        cuda::GemvTmaOptions tma = tma_qkv;
+        tma.k_splits = options.decode_splits.qkv;
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(qkv, residual, gemv_workspace.multiprocessors(), s, tma,
+                                                           clearing(input_norm, up, c.intermediate_size)));
+      } else if (!(skip & CudaModelOptions::kSkipQkv)) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_grouped(qkv, residual, gemv_workspace, s,
                                                        for_phase(l > 0 ? atomic : gemv, options.decode_splits.qkv, options.decode_l2_prefetch.qkv,
@@ -401,7 +422,15 @@ struct CudaModel::State {
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
-      if (!(skip & CudaModelOptions::kSkipGateUp)) {
+      const cuda::GemvTmaOptions tma_gate_up =
+          tma_for(options.decode_tma_gate_up_stages, {&w.gate_proj.quantized.view(), &w.up_proj.quantized.view()});
+      if (!(skip & CudaModelOptions::kSkipGateUp) && tma_gate_up.stages > 0) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
+        cuda::GemvTmaOptions tma = tma_gate_up;
+        tma.k_splits = options.decode_splits.gate_up;
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(gate_up, residual, gemv_workspace.multiprocessors(), s, tma,
+                                                           clearing(post_attention_norm, q, c.q_dim())));
+      } else if (!(skip & CudaModelOptions::kSkipGateUp)) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
         PETREL_RETURN_IF_ERROR(
             cuda::gemv_gptq_grouped(gate_up, residual, gemv_workspace, s, for_phase(atomic, options.decode_splits.gate_up, options.decode_l2_prefetch.gate_up,

@@ -133,6 +133,16 @@ struct CudaModelOptions {
   // 120-register cap), 0 to +1.1% on H100s (session 35, docs/PERFORMANCE.md). The decode bench's suffix "-uz0"
   // turns it off. Bitwise the same logits.
   bool decode_uniform_zeros = true;
+  // Experimental (session 37, off): the fused step's gate/up (and q/k/v, past layer 0) products through
+  // cuda::gemv_gptq_tma_grouped (weights brought into shared memory by tensor copies, this many 4 KB stages in
+  // flight per warp) instead of the register GEMV. Per channel with atomic split-K only; elsewhere, and at 0, the
+  // register GEMV. On an H100 gate/up so tied the register GEMV at equal occupancy (docs/PERFORMANCE.md, session
+  // 37). The decode bench's suffixes "-tmagS" and "-tmaqS" ("-tmagSP": P of them before the wait; "-tmagSPD":
+  // D = 1, late_dependents).
+  int decode_tma_gate_up_stages = 0;
+  int decode_tma_qkv_stages = 0;
+  int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
+  bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

@@ -6,9 +6,14 @@
 // targets these compile to nothing.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the driver's encoder is found at run time: no libcuda link)
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
+
+#include "petrel/util/status.h"
 
 namespace petrel::cuda {
 
@@ -77,6 +82,48 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* shared, const void* gl
                "l"(global), "r"(bytes), "r"(shared_address(bar))
                : "memory");
 #endif
+}
+
+// The box at (inner coordinate c0, outer coordinate c1) of the 2D tensor `map` describes, into shared memory at
+// `shared` (128-byte aligned; 1024-byte aligned where the map swizzles 128-byte rows), completing on `bar`.
+__device__ __forceinline__ void tensor_copy_to_shared(void* shared, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          shared_address(shared)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar))
+      : "memory");
+#endif
+}
+
+// Host: `map` describes the int32 matrix at `base`, `outer` rows of `inner` elements each (rows inner * 4 bytes
+// apart, a multiple of 16), in boxes of box_outer x box_inner elements; elements outside the matrix read as zeros.
+// `who` names the caller in errors.
+inline Status encode_int32_tensor_map_2d(CUtensorMap& map, const int32_t* base, int64_t inner, int64_t outer,
+                                         uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                                         const char* who) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return unsupported(std::string(who) + ": the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner) * 4};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, const_cast<int32_t*>(base), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return internal_error(std::string(who) + ": cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
+                          ") for a [" + std::to_string(outer) + ", " + std::to_string(inner) + "] int32 matrix");
+  }
+  return ok_status();
 }
 
 }  // namespace petrel::cuda

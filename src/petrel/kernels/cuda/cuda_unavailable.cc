@@ -11,6 +11,7 @@
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/gptq.h"
 #include "petrel/kernels/cuda/norm.h"
+#include "petrel/kernels/cuda/gemv_tma.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/top_k.h"
@@ -53,6 +54,13 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
 Status DeviceBuffer::upload(const void*, size_t, size_t) { return not_built(); }
 Status DeviceBuffer::download(void*, size_t, size_t) const { return not_built(); }
 Status DeviceBuffer::fill_bytes(uint8_t) { return not_built(); }
+
+Status gemv_gptq_tma_supports(const DeviceGptqMatrix&) { return not_built(); }
+Status gemv_gptq_tma(const DeviceGptqMatrix&, const float*, float*, int, Stream, const GemvTmaOptions&) { return not_built(); }
+Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember>, const float*, int, Stream, const GemvTmaOptions&,
+                             const GemvFusion&) {
+  return not_built();
+}
 
 Status resident_gemv_supports(std::span<const ResidentGemv>, int, int64_t, const ResidentGemvOptions&) { return not_built(); }
 struct ResidentGemvChains::Impl {};

@@ -36,4 +36,17 @@ __device__ __forceinline__ float load_widened(const void* data, WeightType type,
   return __uint_as_float(static_cast<uint32_t>(bits) << 16);  // bf16 is float32's upper half
 }
 
+// Elements j .. j + 3 (j % 4 == 0) of a norm weight vector of `type` in shared memory, exactly widened.
+__device__ __forceinline__ float4 widen4_shared(const char* data, WeightType type, int64_t j) {
+  if (type == WeightType::kF32) return *reinterpret_cast<const float4*>(data + 4 * j);
+  const uint2 bits = *reinterpret_cast<const uint2*>(data + 2 * j);
+  if (type == WeightType::kF16) {
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&bits.x)),
+                 hi = __half22float2(*reinterpret_cast<const __half2*>(&bits.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  return make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xFFFF0000u), __uint_as_float(bits.y << 16),
+                     __uint_as_float(bits.y & 0xFFFF0000u));  // bf16 is float32's upper half
+}
+
 }  // namespace petrel::cuda

@@ -380,19 +380,6 @@ __host__ __device__ inline GemvSharedLayout gemv_shared_layout(int bits, int64_t
   return l;
 }
 
-// Elements j .. j + 3 (j % 4 == 0) of a norm weight vector of `type` in shared memory, exactly widened.
-__device__ __forceinline__ float4 widen4_shared(const char* data, WeightType type, int64_t j) {
-  if (type == WeightType::kF32) return *reinterpret_cast<const float4*>(data + 4 * j);
-  const uint2 bits = *reinterpret_cast<const uint2*>(data + 2 * j);
-  if (type == WeightType::kF16) {
-    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&bits.x)),
-                 hi = __half22float2(*reinterpret_cast<const __half2*>(&bits.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-  }
-  return make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xFFFF0000u), __uint_as_float(bits.y << 16),
-                     __uint_as_float(bits.y & 0xFFFF0000u));  // bf16 is float32's upper half
-}
-
 // The kRmsNorm kernels keep the first kNormCacheVectors float4 of x (all of it up to 4096 elements) in static
 // shared memory from the sum-of-squares pass, so staging the slice does not go back to L2.
 constexpr int kNormCacheVectors = 1024;

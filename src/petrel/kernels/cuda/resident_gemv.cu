@@ -39,8 +39,6 @@
 // and relied on all 4 x 132 blocks being resident at once: in the decode step, where attention kernels with
 // another shared-memory configuration run beside the tails of these launches, a block could be left out
 // and the grid hung on its tile.) The last block to leave resets the counters.
-#include <cuda.h>  // CUtensorMap (the driver's encoder is found at run time: no libcuda link)
-#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -151,18 +149,6 @@ __device__ __forceinline__ Unit unit_at(const ChainArgs& a, int g) {
   u.first_word = first_step * kWordsPerStep;
   u.steps = min(ph.steps_per_split, ph.total_steps - first_step);
   return u;
-}
-
-// The box at (row c0, word c1) of the tensor `map` describes into shared memory at `shared` (128-byte aligned),
-// completing on `bar`.
-__device__ __forceinline__ void tensor_copy_to_shared(void* shared, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          shared_address(shared)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar))
-      : "memory");
-#endif
 }
 
 __device__ __forceinline__ unsigned load_acquire(const uint32_t* p) {
@@ -573,28 +559,8 @@ uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 // qweight [words, rows] int32 as the 2D tensor the stage copies read: boxes of 16 words x 128 rows.
 Status encode_weight_map(const DeviceGptqMatrix& w, CUtensorMap& map) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (!encode) return unsupported("resident_gemv: the driver has no cuTensorMapEncodeTiled");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(w.rows), static_cast<cuuint64_t>(w.cols / 8)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(w.rows) * 4};
-  const cuuint32_t box[2] = {kRows, kStageWords};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, const_cast<int32_t*>(w.qweight), dims, strides, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return internal_error("resident_gemv: cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
-                          ") for a [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "] matrix");
-  }
-  return ok_status();
+  return encode_int32_tensor_map_2d(map, w.qweight, w.rows, w.cols / 8, kRows, kStageWords, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                    "resident_gemv");
 }
 
 std::string describe(const ResidentGemv& gemv) {

@@ -1,0 +1,46 @@
+// kernels/cuda: an experimental 4-bit GEMV whose weights reach shared memory through Hopper's tensor copies
+// (TMA), per warp, instead of through registers (gemv_gptq.cu). A probe of one question that decides how a
+// resident decode step could be built (docs/RESIDENT_STEP.md): can a consumer fed from shared memory keep a
+// 4-bit product's loop at least as fast as the register GEMV, whose bytes in flight the register file bounds?
+// Not used by the model; petrel_bench_gemv_cuda --tma times it beside the register kernel, and
+// tests/kernels_cuda_test.cc checks it against ref::matmul. gemv_tma.cu has the layout and the reasons.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "petrel/kernels/cuda/device.h"
+#include "petrel/kernels/cuda/gemv_gptq.h"
+#include "petrel/util/status.h"
+
+namespace petrel::cuda {
+
+struct GemvTmaOptions {
+  int k_splits = 0;  // input slices (blocks along the input); 0: what gemv_gptq's planner takes for the matrix
+  int stages = 3;    // stages of 8 steps (4 KB) in flight per warp: 1 to kMaxGemvTmaStages
+  int prewait_stages = -1;  // of those, asked for before the wait for the previous kernel (-1: all); the rest after x is staged
+  bool overlap_previous = false;  // programmatic dependent launch, as GemvOptions::overlap_previous
+  // The next kernel's launch allowed only after this one's main loop, not at its start: at 79 registers four of
+  // these blocks leave room on an SM for the next kernel's blocks, whose early loads then share the SM's
+  // bandwidth with this loop (the register GEMV's 107-120 registers fill the register file with four).
+  bool late_dependents = false;
+};
+inline constexpr int kMaxGemvTmaStages = 6;
+
+// OK when gemv_gptq_tma reads `w`: 4-bit, per channel (one group), rows a multiple of 4, cols a multiple of 32,
+// qweight 16-byte aligned.
+Status gemv_gptq_tma_supports(const DeviceGptqMatrix& w);
+
+// y[w.rows] += dequant(W) x[w.cols] on `stream` (float atomic adds: y must hold zeros, or what the product is
+// to be added to; the order of the slices' adds varies). x and y 16-byte aligned device pointers.
+Status gemv_gptq_tma(const DeviceGptqMatrix& w, const float* x, float* y, int multiprocessors, Stream stream = nullptr,
+                     const GemvTmaOptions& options = {});
+
+// The same for up to kMaxGemvGroupMembers matrices that read one input (gemv_gptq_grouped's grid: every member's
+// row tiles side by side), each adding into its y. fusion.input may be kPlain or kRmsNorm (the norm applied as x
+// is staged, as gemv_gptq does) and fusion.clear zeroes up to two vectors after the wait for the previous
+// kernel; no residual (y accumulates already) and no kSiluMul.
+Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const float* x, int multiprocessors,
+                             Stream stream = nullptr, const GemvTmaOptions& options = {}, const GemvFusion& fusion = {});
+
+}  // namespace petrel::cuda
