@@ -90,6 +90,23 @@ __device__ __forceinline__ void dequant_word4(uint32_t w, uint32_t bias_low, uin
   v[3] = fma_f16x2(mask_or_magic<0x00F000F0u>(w8), kHalfSixteenthx2, bias_high);
 }
 
+// One step of the 4-bit vector kernels' tensor-core product (gemv_gptq.cu has the fragment mapping): this
+// thread's 16 bytes `w` (word quad_col of rows row .. row + 3, per row's biases) dequantized and multiplied with
+// its x fragment `xf` ({x0,x4},{x1,x5},{x2,x6},{x3,x7} of that word) into the accumulators of rows (row, row + 1)
+// and (row + 2, row + 3).
+__device__ __forceinline__ void mma_step4(float (&acc01)[4], float (&acc23)[4], const uint4& w, const uint4& xf,
+                                          const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4]) {
+  uint32_t v0[4], v1[4], v2[4], v3[4];
+  dequant_word4(w.x, bias_low[0], bias_high[0], v0);
+  dequant_word4(w.y, bias_low[1], bias_high[1], v1);
+  dequant_word4(w.z, bias_low[2], bias_high[2], v2);
+  dequant_word4(w.w, bias_low[3], bias_high[3], v3);
+  mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
+  mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
+  mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
+  mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
+}
+
 // The 4 codes of an 8-bit word as two fp16 pairs of (code - zero): {c0, c2}, {c1, c3}.
 __device__ __forceinline__ void dequant_word8(uint32_t w, uint32_t bias_low, uint32_t (&v)[2]) {
   v[0] = sub_f16x2(mask_or_magic<0x00FF00FFu>(w), bias_low);

@@ -423,16 +423,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
       load_raw_params(scales_at, zeros_at, row_ok && params && s + steps_to_group < u.steps, next_scales, next_zeros);
     };
     auto compute_step = [&](const uint4& w, int s) {
-      const uint4 xf = x_staged[s * kWordsPerStep + quad_col];
-      uint32_t v0[4], v1[4], v2[4], v3[4];
-      dequant_word4(w.x, bias_low[0], bias_high[0], v0);
-      dequant_word4(w.y, bias_low[1], bias_high[1], v1);
-      dequant_word4(w.z, bias_low[2], bias_high[2], v2);
-      dequant_word4(w.w, bias_low[3], bias_high[3], v3);
-      mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
-      mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
-      mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
-      mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
+      mma_step4(acc01, acc23, w, x_staged[s * kWordsPerStep + quad_col], bias_low, bias_high);
     };
 
     // This lane's 16 bytes (rows row .. row + 3 of word quad_col of each step) in a stage. In the tiled copy the
