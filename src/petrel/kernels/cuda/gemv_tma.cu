@@ -234,13 +234,7 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
         if (first + j < steps) compute_step(w[j], first + j);
       }
     }
-    // Promote (the tensor cores' float32 sums truncate: keep them short) with the per-channel scales.
-    total[0] += scale[0] * acc01[0];
-    total[1] += scale[1] * acc01[2];
-    total[2] += scale[2] * acc23[0];
-    total[3] += scale[3] * acc23[2];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc01[i] = acc23[i] = 0.0f;
+    promote4(total, scale, acc01, acc23);  // every stage (8 steps, gemv_gptq's kPromoteSteps), per-channel scales
   }
   if (a.late_dependents) allow_dependent_launch();
   if (quad_col == 0 && row_ok) {

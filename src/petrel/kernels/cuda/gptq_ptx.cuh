@@ -107,6 +107,18 @@ __device__ __forceinline__ void mma_step4(float (&acc01)[4], float (&acc23)[4], 
   mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
 }
 
+// The vector kernels' promotion: the accumulators of mma_step4 (every column holds the same sums: one of each
+// row's) times the rows' scales added into float32 totals, and cleared (the tensor cores' float32 accumulation
+// truncates: its sums are kept short).
+__device__ __forceinline__ void promote4(float (&total)[4], const float (&scale)[4], float (&acc01)[4], float (&acc23)[4]) {
+  total[0] += scale[0] * acc01[0];
+  total[1] += scale[1] * acc01[2];
+  total[2] += scale[2] * acc23[0];
+  total[3] += scale[3] * acc23[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc01[i] = acc23[i] = 0.0f;
+}
+
 // The 4 codes of an 8-bit word as two fp16 pairs of (code - zero): {c0, c2}, {c1, c3}.
 __device__ __forceinline__ void dequant_word8(uint32_t w, uint32_t bias_low, uint32_t (&v)[2]) {
   v[0] = sub_f16x2(mask_or_magic<0x00FF00FFu>(w), bias_low);

@@ -395,12 +395,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
     uint32_t bias_low[4], bias_high[4];
     int steps_in_acc = 0;
     auto promote = [&] {
-      total[0] += scale[0] * acc01[0];
-      total[1] += scale[1] * acc01[2];
-      total[2] += scale[2] * acc23[0];
-      total[3] += scale[3] * acc23[2];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc01[i] = acc23[i] = 0.0f;
+      promote4(total, scale, acc01, acc23);
       steps_in_acc = 0;
     };
     auto decode_params = [&] {
