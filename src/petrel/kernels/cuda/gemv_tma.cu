@@ -6,10 +6,15 @@
 // ring of `stages` buffers of 4 KB in shared memory: one stage is 8 steps of its 32 rows, 32 packed words x 32
 // rows of qweight (GPTQ layout [words, rows], read as is), which ONE tensor copy (cp.async.bulk.tensor.2d,
 // box 32 rows x 32 words, completing on the stage's mbarrier) brings in. Lane 0 of the warp asks for the
-// first `stages` stages before the wait for the previous kernel (no registers held: the ring's bytes in flight
-// are bounded by shared memory, not by the register file, which bounds gemv_gptq's at ~24 KB a block), and
-// refills a stage as soon as its 8 steps are in registers. No block barrier after x is staged: each warp waits
-// on its own mbarriers only.
+// first stages before the wait for the previous kernel (GemvTmaOptions::prewait_stages of them, the others once x
+// is staged; no registers held: the ring's bytes in flight are bounded by shared memory, not by the register
+// file, which bounds gemv_gptq's at ~24 KB a block), and refills a stage as soon as its 8 steps are in registers.
+// No block barrier after x is staged: each warp waits on its own mbarriers only.
+//
+// Measured (docs/PERFORMANCE.md, session 37; H100s, where both kernels are memory-bound): alone a tie with the
+// register kernel (gate/up 23.9-24.2 against 23.7 us), one stage streaming as well as three; in the decode step a
+// tie where every block fits an SM (q/k/v and gate/up through it, -0.3%), -7 to -12% where stages cost blocks an
+// SM at the step's 60% carveout. Not yet run on an H200, whose register loop is below its copy bandwidth.
 //
 // Shared-memory layout of a stage: the copy writes word row r (128 bytes: rows 0..31 of the warp, 4 bytes
 // each) with the 128-byte swizzle (16-byte chunk c of row r lands at chunk c ^ (r % 8); the buffer is 1024-byte
