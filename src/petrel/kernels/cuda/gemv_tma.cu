@@ -264,16 +264,19 @@ uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 }  // namespace
 
 Status gemv_gptq_tma_supports(const DeviceGptqMatrix& w) {
-  std::string shape = "[";  // built piecewise: GCC 12's -Wrestrict misfires on "[" + std::to_string(..) + ..
-  shape += std::to_string(w.rows);
-  shape += ", ";
-  shape += std::to_string(w.cols);
-  shape += "]";
+  auto shape = [&] {  // built piecewise: GCC 12's -Wrestrict misfires on "[" + std::to_string(..) + ..
+    std::string text = "[";
+    text += std::to_string(w.rows);
+    text += ", ";
+    text += std::to_string(w.cols);
+    text += "]";
+    return text;
+  };
   if (w.bits != 4) return unsupported("gemv_gptq_tma: 4-bit weights only, not " + std::to_string(w.bits) + "-bit");
   if (w.group_size != w.cols) return unsupported("gemv_gptq_tma: per-channel weights only (group size " + std::to_string(w.group_size) + ")");
-  if (w.rows <= 0 || w.rows % 4 != 0) return invalid_argument("gemv_gptq_tma: rows must be a positive multiple of 4, got " + shape);
-  if (w.cols <= 0 || w.cols % 32 != 0) return invalid_argument("gemv_gptq_tma: cols must be a positive multiple of 32, got " + shape);
-  if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 30)) return invalid_argument("gemv_gptq_tma: " + shape + " is too large");
+  if (w.rows <= 0 || w.rows % 4 != 0) return invalid_argument("gemv_gptq_tma: rows must be a positive multiple of 4, got " + shape());
+  if (w.cols <= 0 || w.cols % 32 != 0) return invalid_argument("gemv_gptq_tma: cols must be a positive multiple of 32, got " + shape());
+  if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 30)) return invalid_argument("gemv_gptq_tma: " + shape() + " is too large");
   if (address(w.qweight) % 16 != 0) return invalid_argument("gemv_gptq_tma: qweight must be 16-byte aligned");
   return ok_status();
 }
