@@ -384,6 +384,7 @@ struct CudaModel::State {
         tma.stages = ok ? stages : 0;
         tma.prewait_stages = options.decode_tma_prewait;
         tma.late_dependents = options.decode_tma_late_dependents;
+        tma.balanced_blocks = options.decode_tma_balanced_per_sm * gemv_workspace.multiprocessors();
         tma.overlap_previous = overlap;
         return tma;
       };
@@ -442,7 +443,18 @@ struct CudaModel::State {
       silu_and_add.input = cuda::GemvInput::kSiluMul;
       silu_and_add.up = up.as<float>();
       silu_and_add.residual = residual;
-      if (!(skip & CudaModelOptions::kSkipDown)) {
+      const cuda::GemvTmaOptions tma_down = tma_for(options.decode_tma_down_stages, {&w.down_proj.quantized.view()});
+      if (!(skip & CudaModelOptions::kSkipDown) && tma_down.stages > 0) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.down);
+        cuda::GemvTmaOptions tma = tma_down;
+        tma.k_splits = options.decode_splits.down;
+        tma.balanced_blocks = 0;  // SiLU * up: the grid of slices (each block stages its slice only)
+        cuda::GemvFusion silu = silu_and_add;
+        silu.residual = nullptr;  // the sums are added into the residual stream itself
+        const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), residual}};
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(down, gate.as<float>(), gemv_workspace.multiprocessors(), s, tma,
+                                                           clearing(silu, k, c.kv_dim(), &v, c.kv_dim())));
+      } else if (!(skip & CudaModelOptions::kSkipDown)) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.down);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.down_proj.quantized.view(), gate.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.down,
