@@ -60,7 +60,6 @@
 //                     "-tmagSP": P of them asked for before the wait, the rest once x is staged, e.g. fused-tmag30;
 //                     "-tmagSPD": D = 1 launches down only after gate/up's loop (late_dependents), e.g. fused-tmag221;
 //                     "-tmaqS" (before "-tmagS"): q/k/v past layer 0 likewise, e.g. fused-tmaq1-tmag1
-//                     "-tmabN" (after "-tmagS"): those on a balanced grid of N blocks an SM, e.g. fused-tmag1-tmab4
 //                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
@@ -272,9 +271,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
-  // "-tmabN" (after any "-ctxN", before "-tmagS"): the tensor-copy GEMVs on a balanced grid of N blocks an SM
-  // (CudaModelOptions::decode_tma_balanced_per_sm), e.g. fused-tmag1-tmab4.
-  if (int64_t per_sm = 0; take_number_suffix(base, "-tmab", 1, &per_sm)) o.decode_tma_balanced_per_sm = static_cast<int>(per_sm);
   // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
   // (CudaModelOptions::decode_tma_gate_up_stages; per channel only), e.g. fused-tmag3.
   // "-tmagSP": P of the S stages asked for before the wait (CudaModelOptions::decode_tma_gate_up_prewait), e.g.

@@ -1,7 +1,7 @@
 // petrel_bench_gemv_cuda: the CUDA W4A16 GEMV on Llama-3.1-8B's decode shapes, against the device's own
 // copy bandwidth measured in the same run.
 //
-//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--tma-balanced B,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
+//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
 //
 // For each shape: random GPTQ tensors (speed does not depend on the values), checked once against
 // ref::matmul (x rounded to fp16, as the tensor-core kernel multiplies it); then the median over --reps of
@@ -16,8 +16,7 @@
 // --tma S,... (4-bit per-channel shapes) also times the tensor-copy-fed GEMV (gemv_tma.h) with S stages a warp,
 // and beside it the tensor-core kernel with atomic split-K sums (the decode step's epilogue, which gemv_tma has):
 // both add into y, so their rows compare loops and first loads, not epilogues. --tma-splits K,... gives gemv_tma
-// those input slices (0, the default: the planner's, as the tensor-core kernel). --tma-balanced B,... adds rows of
-// gemv_tma on its balanced grid of B blocks an SM (GemvTmaOptions::balanced_blocks: every warp the same stages).
+// those input slices (0, the default: the planner's, as the tensor-core kernel).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -125,7 +124,6 @@ int main(int argc, char** argv) {
   bool l2_hot = false;  // --l2-hot: one copy of the weights, so that calls read them from L2 where they fit
   std::vector<int> tma_stages;  // --tma: gemv_tma's stages a warp to time
   std::vector<int> tma_splits = {0};  // --tma-splits: and its input slices (0: the planner's)
-  std::vector<int> tma_balanced;  // --tma-balanced: and its balanced grids, blocks an SM
   std::string json_path;
   std::vector<Shape> custom;
   std::deque<std::string> custom_names;  // Shape::name points into these
@@ -153,15 +151,6 @@ int main(int argc, char** argv) {
         }
         tma_stages.push_back(stages);
       }
-    } else if (arg == "--tma-balanced" && i + 1 < argc) {
-      for (const std::string& item : petrel::bench::split_list(argv[++i])) {
-        const int per_sm = std::atoi(item.c_str());
-        if (per_sm < 1 || per_sm > 16) {
-          std::fprintf(stderr, "--tma-balanced: '%s' is not a block count an SM from 1 to 16\n", item.c_str());
-          return 2;
-        }
-        tma_balanced.push_back(per_sm);
-      }
     } else if (arg == "--tma-splits" && i + 1 < argc) {
       tma_splits.clear();
       for (const std::string& item : petrel::bench::split_list(argv[++i])) tma_splits.push_back(std::max(0, std::atoi(item.c_str())));
@@ -170,7 +159,7 @@ int main(int argc, char** argv) {
     else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--tma-balanced B,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
+      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
                    argv[0]);
       return 2;
     }
@@ -317,17 +306,6 @@ int main(int argc, char** argv) {
           tma.stages = stages;
           tma.k_splits = k;
           measure("tma " + std::to_string(stages) + " stages", k == 0 ? "auto " + std::to_string(splits) : std::to_string(k), true,
-                  [&](const cuda::DeviceGptqMatrix& w) {
-                    check(cuda::gemv_gptq_tma(w, x_dev.as<float>(), y_dev.as<float>(), dev.multiprocessors, stream, tma), "gemv_tma");
-                  });
-        }
-      }
-      for (const int per_sm : tma_balanced) {
-        for (const int stages : tma_stages) {
-          cuda::GemvTmaOptions tma;
-          tma.stages = stages;
-          tma.balanced_blocks = per_sm * dev.multiprocessors;
-          measure("tma " + std::to_string(stages) + " stages balanced", std::to_string(per_sm) + "/SM", true,
                   [&](const cuda::DeviceGptqMatrix& w) {
                     check(cuda::gemv_gptq_tma(w, x_dev.as<float>(), y_dev.as<float>(), dev.multiprocessors, stream, tma), "gemv_tma");
                   });

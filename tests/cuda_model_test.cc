@@ -390,9 +390,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   expect_close(tma, "q/k/v and gate/up by tensor copies");
   tma.decode_tma_down_stages = 2;  // and down (SiLU * up input, the grid of slices)
   expect_close(tma, "q/k/v, gate/up and down by tensor copies");
-  tma.decode_tma_balanced_per_sm = 4;  // q/k/v and gate/up on the balanced grid
-  tma.decode_tma_prewait = -1;
-  expect_close(tma, "q/k/v and gate/up by tensor copies, balanced");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

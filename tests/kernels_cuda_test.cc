@@ -952,26 +952,11 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
         EXPECT_LE(relative_l2(download_floats(*y, c.rows), want), kTolerance);
       }
     }
-    // The balanced grid: warps whose ranges start and end inside warp rows, more warps than stages, one block.
-    for (int blocks : {1, 7, 4 * multiprocessors}) {
-      for (int stages : {1, 3}) {
-        SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " balanced " + std::to_string(blocks) +
-                     " stages " + std::to_string(stages));
-        ASSERT_TRUE(y->fill_bytes(0).ok());
-        cuda::GemvTmaOptions options;
-        options.stages = stages;
-        options.balanced_blocks = blocks;
-        options.prewait_stages = blocks == 7 ? 0 : -1;
-        const Status st = cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, options);
-        ASSERT_TRUE(st.ok()) << st.to_string();
-        EXPECT_LE(relative_l2(download_floats(*y, c.rows), want), kTolerance);
-      }
-    }
   }
   // Grouped (gate/up-like: two members side by side in one grid) with the RMSNorm input and a vector cleared, as the
   // decode step would launch it: against the reference ops, and against gemv_gptq_grouped with atomic split-K on
   // the same slices (its sums of squares in the same order).
-  for (const int64_t cols : {2048, 5120}) {  // 5120: more inputs than the balanced kernel holds in registers
+  for (const int64_t cols : {2048, 5120}) {
     std::vector<TestGptq> matrices;
     for (int64_t rows : {1000, 2048}) matrices.push_back(make_gptq(rng, rows, cols, 4, -1, false));
     const std::vector<float> x = random_floats(rng, cols, 2.0f);
@@ -1019,23 +1004,10 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
         EXPECT_EQ(got, download_floats(register_outputs[i], matrices[i].host.rows)) << "two slices into zeros: same bits";
       }
       EXPECT_EQ(download_floats(cleared, 64), std::vector<float>(64, 0.0f));
-      // The balanced grid, as the decode step would launch it (its sum of squares in another order).
-      for (cuda::DeviceBuffer& out : outputs) ASSERT_TRUE(out.fill_bytes(0).ok());
-      ASSERT_TRUE(cleared.fill_bytes(0xFF).ok());
-      options.balanced_blocks = 3 * multiprocessors;
-      const Status bst = cuda::gemv_gptq_tma_grouped(members, x_dev.as<float>(), multiprocessors, nullptr, options, fusion);
-      ASSERT_TRUE(bst.ok()) << bst.to_string();
-      for (size_t i = 0; i < matrices.size(); ++i) {
-        SCOPED_TRACE("balanced grouped RMSNorm " + std::string(dtype_name(norm_dtype)) + ", matrix " + std::to_string(i));
-        std::vector<float> want(matrices[i].host.rows);
-        ref::matmul(in16.data(), 1, matrices[i].host.view(), want.data());
-        EXPECT_LE(relative_l2(download_floats(outputs[i], matrices[i].host.rows), want), 1e-4);
-      }
-      EXPECT_EQ(download_floats(cleared, 64), std::vector<float>(64, 0.0f));
     }
   }
   // SiLU(gate) * up (down's input), the grid of slices: against the reference ops, and bitwise against the register
-  // kernel's atomic launch on the same slices (one slice into zeros: one add a row); the balanced grid refuses it.
+  // kernel's atomic launch on the same slices (one slice into zeros: one add a row).
   {
     const int64_t rows = 1000, cols = 2816;
     const TestGptq m = make_gptq(rng, rows, cols, 4, -1, false);
@@ -1072,9 +1044,6 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
         ASSERT_TRUE(rst.ok()) << rst.to_string();
         EXPECT_EQ(got, download_floats(*y_register, rows));
       }
-      options.balanced_blocks = multiprocessors;
-      EXPECT_EQ(cuda::gemv_gptq_tma_grouped({&member, 1}, gate_dev.as<float>(), multiprocessors, nullptr, options, fusion).code(),
-                ErrorCode::kUnsupported);
     }
   }
   const TestGptq grouped = make_gptq(rng, 64, 256, 4, 128, false), wide = make_gptq(rng, 64, 256, 8, -1, false),
@@ -1087,9 +1056,6 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
   cuda::GemvTmaOptions too_deep;
   too_deep.stages = cuda::kMaxGemvTmaStages + 1;
   EXPECT_FALSE(cuda::gemv_gptq_tma(plain.device.view(), y->as<float>() + 512, y->as<float>(), multiprocessors, nullptr, too_deep).ok());
-  cuda::GemvTmaOptions negative_grid;
-  negative_grid.balanced_blocks = -1;
-  EXPECT_FALSE(cuda::gemv_gptq_tma(plain.device.view(), y->as<float>() + 512, y->as<float>(), multiprocessors, nullptr, negative_grid).ok());
 }
 
 // The block timeline (timeline.h): with a ring installed, a GEMV launch appends one record a block with its

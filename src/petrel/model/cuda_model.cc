@@ -384,7 +384,6 @@ struct CudaModel::State {
         tma.stages = ok ? stages : 0;
         tma.prewait_stages = options.decode_tma_prewait;
         tma.late_dependents = options.decode_tma_late_dependents;
-        tma.balanced_blocks = options.decode_tma_balanced_per_sm * gemv_workspace.multiprocessors();
         tma.overlap_previous = overlap;
         return tma;
       };
@@ -448,7 +447,6 @@ struct CudaModel::State {
         const cuda::ScopedLaunchCarveout carveout(carveouts.down);
         cuda::GemvTmaOptions tma = tma_down;
         tma.k_splits = options.decode_splits.down;
-        tma.balanced_blocks = 0;  // SiLU * up: the grid of slices (each block stages its slice only)
         cuda::GemvFusion silu = silu_and_add;
         silu.residual = nullptr;  // the sums are added into the residual stream itself
         const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), residual}};

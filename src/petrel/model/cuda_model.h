@@ -141,12 +141,9 @@ struct CudaModelOptions {
   // D = 1, late_dependents).
   int decode_tma_gate_up_stages = 0;
   int decode_tma_qkv_stages = 0;
-  int decode_tma_down_stages = 0;  // down likewise (SiLU * up input; bench suffix "-tmadS")
+  int decode_tma_down_stages = 0;  // down likewise (SiLU * up input; "-tmadS"; H100, session 38: -5.7%)
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
-  // With the above: the tensor-copy GEMVs on a balanced grid of this many blocks an SM (GemvTmaOptions::
-  // balanced_blocks = SMs x this; every SM the same bytes), 0 for the grid of row tiles. Bench suffix "-tmabN".
-  int decode_tma_balanced_per_sm = 0;
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

@@ -2,9 +2,7 @@
 // gemv_gptq.cu's tensor-core vector kernel (its fragment mapping, dequantization and mma; promotion every 8
 // steps), per channel; what differs is how the weights arrive.
 //
-// Work: block (row tile of 128 rows, input slice) as gemv_gptq's plan, 4 warps of 32 rows (or, with
-// GemvTmaOptions::balanced_blocks, equal ranges of (32 rows x 8 steps) units a warp: gemv_tma_balanced_kernel
-// below). Each warp owns a ring of `stages` buffers of 4 KB in shared memory: one stage is 8 steps of its 32 rows,
+// Work: block (row tile of 128 rows, input slice) as gemv_gptq's plan, 4 warps of 32 rows. Each warp owns a ring of `stages` buffers of 4 KB in shared memory: one stage is 8 steps of its 32 rows,
 // 32 packed words x 32 rows of qweight (GPTQ layout [words, rows], read as is), which ONE tensor copy
 // (cp.async.bulk.tensor.2d, box 32 rows x 32 words, completing on the stage's mbarrier) brings in. Lane 0 of the warp asks for the
 // first stages before the wait for the previous kernel (GemvTmaOptions::prewait_stages of them, the others once x
@@ -15,7 +13,10 @@
 // Measured (docs/PERFORMANCE.md, session 37; H100s, where both kernels are memory-bound): alone a tie with the
 // register kernel (gate/up 23.9-24.2 against 23.7 us), one stage streaming as well as three; in the decode step a
 // tie where every block fits an SM (q/k/v and gate/up through it, -0.3%), -7 to -12% where stages cost blocks an
-// SM at the step's 60% carveout. Not yet run on an H200, whose register loop is below its copy bandwidth.
+// SM at the step's 60% carveout; down (SiLU * up input, session 38) -5.7% in the step. Not yet run on an H200,
+// whose register loop is below its copy bandwidth. A balanced grid (every warp an equal range of 32-row x 8-step
+// units, each block staging all of x) lost 12% in the step and 14-60% alone (session 38, H100; branch
+// experiment/tma-balanced): its per-block staging and per-warp row changes cost more than the uneven SMs.
 //
 // Shared-memory layout of a stage: the copy writes word row r (128 bytes: rows 0..31 of the warp, 4 bytes
 // each) with the 128-byte swizzle (16-byte chunk c of row r lands at chunk c ^ (r % 8); the buffer is 1024-byte
@@ -64,8 +65,7 @@ struct TmaPart {
   const uint16_t* scales;
   const int32_t* qzeros;
   int64_t rows;
-  int first_tile;      // the grid's first row tile of this member
-  int first_warp_row;  // the balanced grid's first warp row (32 rows) of this member
+  int first_tile;  // the grid's first row tile of this member
   int zero_offset;
 };
 
@@ -78,15 +78,11 @@ struct TmaArgs {
   const void* norm_weight;
   WeightType norm_type;
   float norm_eps;
-  const float* up;  // kSiluMul: y = W (SiLU(x) * up), as gemv_gptq's GemvInput::kSiluMul (the grid of slices only)
+  const float* up;  // kSiluMul: y = W (SiLU(x) * up), as gemv_gptq's GemvInput::kSiluMul
   float* clear[2];  // zeroed after the wait (GemvFusion::clear)
   int64_t clear_vectors[2];
   int steps_per_split, total_steps, stages, prewait_stages;
   int late_dependents;  // GemvTmaOptions::late_dependents
-  // The balanced grid (GemvTmaOptions::balanced_blocks): warp rows of all members, and stages (chunks of 8
-  // steps) a warp row.
-  int64_t warp_rows;
-  int row_chunks;
 };
 
 struct TmaMaps {
@@ -98,10 +94,7 @@ struct TmaMaps {
 struct TmaSharedLayout {
   size_t rings, x_staged, bars, norm, x_slice, bytes;
 };
-// x_slice: with kNorm, the slice's float32 inputs kept in shared memory between the sum of squares and staging
-// (the grid of slices; the balanced grid keeps them in registers).
-__host__ __device__ inline TmaSharedLayout tma_shared_layout(int stages, int steps_per_split, int norm_bytes,
-                                                             bool x_slice = true) {
+__host__ __device__ inline TmaSharedLayout tma_shared_layout(int stages, int steps_per_split, int norm_bytes) {
   TmaSharedLayout l;
   l.rings = 0;
   l.x_staged = size_t{kWarps} * stages * kStageBytes;
@@ -109,7 +102,7 @@ __host__ __device__ inline TmaSharedLayout tma_shared_layout(int stages, int ste
   l.norm = l.bars + size_t{kWarps} * stages * 8;
   const size_t inputs = static_cast<size_t>(steps_per_split) * kWordsPerStep * 8;
   l.x_slice = l.norm + (norm_bytes > 0 ? (inputs * norm_bytes + 15) / 16 * 16 : 0);
-  l.bytes = l.x_slice + (norm_bytes > 0 && x_slice ? inputs * 4 : 0) + kSwizzleAlign;  // + the alignment's slack
+  l.bytes = l.x_slice + (norm_bytes > 0 ? inputs * 4 : 0) + kSwizzleAlign;  // + the alignment's slack
   return l;
 }
 
@@ -290,178 +283,6 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
   clear_vectors(a, int64_t{blockIdx.y} * gridDim.x + blockIdx.x, int64_t{gridDim.x} * gridDim.y);
 }
 
-// The member owning warp row `warp_row` of the balanced grid, selected with constant indices (no local-memory
-// copy of the table).
-__device__ __forceinline__ void select_warp_row_part(const TmaMaps& maps, const TmaArgs& a, int64_t warp_row, TmaPart& part,
-                                                     const CUtensorMap*& map) {
-  part = a.parts[0];
-  map = &maps.map[0];
-#pragma unroll
-  for (int i = 1; i < kMaxGemvGroupMembers; ++i) {
-    if (i < a.n_parts && warp_row >= a.parts[i].first_warp_row) {
-      part = a.parts[i];
-      map = &maps.map[i];
-    }
-  }
-}
-
-// The balanced grid (GemvTmaOptions::balanced_blocks, "stream-K"): the product is cut into units of one warp row
-// (32 rows) by one stage (8 steps), numbered row-major (a warp row's stages in order, then the next warp row's),
-// and warp g of the G warps of the grid takes units [g U / G, (g + 1) U / G): every warp the same number of stages
-// to within one, every SM (all blocks resident) the same bytes to within a few stages. A warp's range spans one or
-// more warp rows; at each warp row's end (or the range's) it adds its sums into y with float4 atomics. Every block
-// stages all of x (it may need any slice; the RMSNorm needs all of it anyway): the first 4,096 inputs are held
-// in registers between the sum of squares and the fp16 staging, any beyond are read again. The arithmetic per
-// stage is the grid kernel's.
-template <bool kNorm>
-__global__ void __launch_bounds__(kThreads) gemv_tma_balanced_kernel(const __grid_constant__ TmaMaps maps, const TmaArgs a) {
-  if (!a.late_dependents) allow_dependent_launch();
-  extern __shared__ uint8_t shared_raw[];
-  uint8_t* const base = shared_raw + (kSwizzleAlign - shared_address(shared_raw) % kSwizzleAlign) % kSwizzleAlign;
-  const int elem = kNorm ? weight_type_bytes(a.norm_type) : 0;
-  const TmaSharedLayout layout = tma_shared_layout(a.stages, a.total_steps, elem, false);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int quad_row = lane / 4, quad_col = lane % 4;
-  uint8_t* const ring = base + layout.rings + warp * a.stages * kStageBytes;
-  uint4* const x_staged = reinterpret_cast<uint4*>(base + layout.x_staged);
-  uint64_t* const bars = reinterpret_cast<uint64_t*>(base + layout.bars) + warp * a.stages;
-
-  const int64_t row_chunks = a.row_chunks, units = a.warp_rows * row_chunks;
-  const int64_t g = int64_t{blockIdx.x} * kWarps + warp, warps = int64_t{gridDim.x} * kWarps;
-  const int64_t begin = g * units / warps;
-  const int count = static_cast<int>((g + 1) * units / warps - begin);
-  auto refill = [&](int slot, int64_t unit) {  // lane 0
-    const int64_t warp_row = unit / row_chunks;
-    TmaPart part;
-    const CUtensorMap* map;
-    select_warp_row_part(maps, a, warp_row, part, map);
-    mbarrier_arrive_expect_tx(bars + slot, kStageBytes);
-    tensor_copy_to_shared(ring + slot * kStageBytes, map, static_cast<int>((warp_row - part.first_warp_row) * kRowsPerWarp),
-                          static_cast<int>(unit - warp_row * row_chunks) * kStageWords, bars + slot);
-  };
-  if (lane == 0) {
-    for (int i = 0; i < a.stages; ++i) mbarrier_init(bars + i, 1);
-    fence_barrier_init();
-    for (int c = 0; c < min(a.prewait_stages, count); ++c) refill(c, begin + c);
-  }
-  // The first warp row's parameters before the wait (they depend on nothing earlier).
-  int64_t next_warp_row = begin / row_chunks;
-  uint2 next_scales;
-  uint32_t next_zeros;
-  auto prefetch_params = [&](int64_t warp_row) {
-    TmaPart part;
-    const CUtensorMap* map;
-    select_warp_row_part(maps, a, warp_row, part, map);
-    const int64_t row = (warp_row - part.first_warp_row) * kRowsPerWarp + 4 * quad_row;
-    load_raw_params(part.scales + row, part.qzeros + row / 8, count > 0 && row < part.rows, next_scales, next_zeros);
-  };
-  prefetch_params(next_warp_row);
-  const char* norm_all = reinterpret_cast<const char*>(base + layout.norm);
-  if constexpr (kNorm) {  // all of the norm weights
-    const char* from = static_cast<const char*>(a.norm_weight);
-    for (int64_t off = threadIdx.x * 16; off < a.cols * elem; off += kThreads * 16) cp_async16(base + layout.norm + off, from + off);
-    cp_async_commit();
-  }
-
-  wait_for_previous_kernel();
-  // x in fp16 fragments, entry i = inputs 8 i .. 8 i + 7 (as the grid kernel's x_staged, all of x).
-  const float4* x4 = reinterpret_cast<const float4*>(a.x);
-  const int entries = a.total_steps * kWordsPerStep;
-  constexpr int kHeld = 4;  // entries held a thread: 4 x 128 x 8 = 4,096 inputs
-  float4 held[2 * kHeld];
-#pragma unroll
-  for (int r = 0; r < kHeld; ++r) {
-    const int i = threadIdx.x + r * kThreads;
-    held[2 * r] = i < entries ? __ldcg(x4 + 2 * i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    held[2 * r + 1] = i < entries ? __ldcg(x4 + 2 * i + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  float inv_rms = 1.0f;
-  if constexpr (kNorm) {
-    float sum = 0.0f;
-    auto add_squares = [&](const float4& v) {
-      sum = fmaf(v.x, v.x, sum);
-      sum = fmaf(v.y, v.y, sum);
-      sum = fmaf(v.z, v.z, sum);
-      sum = fmaf(v.w, v.w, sum);
-    };
-#pragma unroll
-    for (int r = 0; r < 2 * kHeld; ++r) add_squares(held[r]);
-    for (int i = threadIdx.x + kHeld * kThreads; i < entries; i += kThreads) {
-      add_squares(__ldcg(x4 + 2 * i));
-      add_squares(__ldcg(x4 + 2 * i + 1));
-    }
-    inv_rms = inv_rms_after_copies(sum, a);
-  }
-  auto stage_entry = [&](int i, float4 lo, float4 hi) {
-    if constexpr (kNorm) {
-      const float4 wl = widen4_shared(norm_all, a.norm_type, 8 * int64_t{i}), wh = widen4_shared(norm_all, a.norm_type, 8 * int64_t{i} + 4);
-      lo = make_float4(wl.x * (lo.x * inv_rms), wl.y * (lo.y * inv_rms), wl.z * (lo.z * inv_rms), wl.w * (lo.w * inv_rms));
-      hi = make_float4(wh.x * (hi.x * inv_rms), wh.y * (hi.y * inv_rms), wh.z * (hi.z * inv_rms), wh.w * (hi.w * inv_rms));
-    }
-    x_staged[i] = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z), pack_half2(lo.w, hi.w));
-  };
-#pragma unroll
-  for (int r = 0; r < kHeld; ++r) {
-    const int i = threadIdx.x + r * kThreads;
-    if (i < entries) stage_entry(i, held[2 * r], held[2 * r + 1]);
-  }
-  for (int i = threadIdx.x + kHeld * kThreads; i < entries; i += kThreads) stage_entry(i, __ldcg(x4 + 2 * i), __ldcg(x4 + 2 * i + 1));
-  if (lane == 0) {  // the stages not asked for before the wait
-    for (int c = a.prewait_stages; c < min(a.stages, count); ++c) refill(c, begin + c);
-  }
-  __syncthreads();
-
-  float acc01[4] = {0, 0, 0, 0}, acc23[4] = {0, 0, 0, 0}, total[4] = {0, 0, 0, 0};
-  float scale[4];
-  uint32_t bias_low[4], bias_high[4];
-  int64_t warp_row = -1, row = 0;
-  float* y = nullptr;
-  bool row_ok = false;
-  auto flush = [&] {
-    if (quad_col == 0 && row_ok) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      atomicAdd(reinterpret_cast<float4*>(y + row), make_float4(total[0], total[1], total[2], total[3]));
-#else
-      for (int r = 0; r < 4; ++r) atomicAdd(y + row + r, total[r]);
-#endif
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) total[r] = 0.0f;
-  };
-  for (int c = 0; c < count; ++c) {
-    const int64_t unit = begin + c;
-    if (unit / row_chunks != warp_row) {  // a new warp row: the last one's sums out, this one's parameters in
-      if (warp_row >= 0) flush();
-      warp_row = unit / row_chunks;
-      TmaPart part;
-      const CUtensorMap* map;
-      select_warp_row_part(maps, a, warp_row, part, map);
-      row = (warp_row - part.first_warp_row) * kRowsPerWarp + 4 * quad_row;
-      row_ok = row < part.rows;
-      y = part.y;
-      zero_biases<4>(next_zeros >> (4 * static_cast<int>(row % 8)), zero_bias_bases(part.zero_offset), bias_low, bias_high);
-      const uint32_t packed[2] = {next_scales.x, next_scales.y};
-#pragma unroll
-      for (int r = 0; r < 4; ++r) scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
-      if ((warp_row + 1) * row_chunks < begin + count) prefetch_params(warp_row + 1);
-    }
-    const int slot = c % a.stages;
-    mbarrier_wait(bars + slot, static_cast<uint32_t>(c / a.stages) & 1u);
-    uint4 w[kStageSteps];
-    read_stage(ring + slot * kStageBytes, quad_row, quad_col, w);
-    __syncwarp();
-    if (lane == 0 && c + a.stages < count) {
-      fence_proxy_async_shared();
-      refill(slot, unit + a.stages);
-    }
-    compute_stage(w, x_staged, static_cast<int>(unit - warp_row * row_chunks) * kStageSteps, a.total_steps, quad_col, bias_low,
-                  bias_high, scale, acc01, acc23, total);
-  }
-  if (a.late_dependents) allow_dependent_launch();
-  if (warp_row >= 0) flush();
-  clear_vectors(a, blockIdx.x, gridDim.x);
-}
-
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 }  // namespace
@@ -499,16 +320,12 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   }
   if (address(x) % 16 != 0) return invalid_argument("gemv_gptq_tma: x must be 16-byte aligned");
   if (fusion.residual) return unsupported("gemv_gptq_tma: no residual (y accumulates: pass the residual as y)");
-  if (fusion.input == GemvInput::kSiluMul) {
-    if (options.balanced_blocks > 0) return unsupported("gemv_gptq_tma: the balanced grid takes a plain or RMSNorm input");
-    if (!fusion.up || address(fusion.up) % 16 != 0) return invalid_argument("gemv_gptq_tma: SiLU * up needs a 16-byte aligned up");
+  if (fusion.input == GemvInput::kSiluMul && (!fusion.up || address(fusion.up) % 16 != 0)) {
+    return invalid_argument("gemv_gptq_tma: SiLU * up needs a 16-byte aligned up");
   }
   if (options.stages < 1 || options.stages > kMaxGemvTmaStages) {
     return invalid_argument("gemv_gptq_tma: stages must be 1 to " + std::to_string(kMaxGemvTmaStages) + ", got " +
                             std::to_string(options.stages));
-  }
-  if (options.balanced_blocks < 0 || options.balanced_blocks > 65535) {
-    return invalid_argument("gemv_gptq_tma: balanced_blocks must be 0 to 65535, got " + std::to_string(options.balanced_blocks));
   }
   const bool norm = fusion.input == GemvInput::kRmsNorm;
   WeightType norm_type = WeightType::kF32;
@@ -542,17 +359,13 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
 
   TmaMaps maps{};
   int tiles = 0;
-  int64_t warp_rows = 0;
   for (size_t i = 0; i < members.size(); ++i) {
     const DeviceGptqMatrix& w = *members[i].w;
     PETREL_RETURN_IF_ERROR(encode_int32_tensor_map_2d(maps.map[i], w.qweight, w.rows, w.cols / 8, kRowsPerWarp, kStageWords,
                                                       CU_TENSOR_MAP_SWIZZLE_128B, "gemv_gptq_tma"));
-    args.parts[i] = {members[i].y, w.scales, w.qzeros, w.rows, tiles, static_cast<int>(warp_rows), w.zero_offset};
+    args.parts[i] = {members[i].y, w.scales, w.qzeros, w.rows, tiles, w.zero_offset};
     tiles += static_cast<int>((w.rows + kRows - 1) / kRows);
-    warp_rows += (w.rows + kRowsPerWarp - 1) / kRowsPerWarp;
   }
-  args.warp_rows = warp_rows;
-  args.row_chunks = (total_steps + kStageSteps - 1) / kStageSteps;
   args.n_parts = static_cast<int>(members.size());
   args.x = x;
   args.cols = w0.cols;
@@ -566,18 +379,13 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   args.stages = options.stages;
   args.late_dependents = options.late_dependents ? 1 : 0;
   args.prewait_stages = options.prewait_stages < 0 ? options.stages : std::min(options.prewait_stages, options.stages);
-  const bool balanced = options.balanced_blocks > 0;
-  const int norm_bytes = norm ? weight_type_bytes(norm_type) : 0;
-  const size_t shared = balanced ? tma_shared_layout(options.stages, total_steps, norm_bytes, false).bytes
-                                 : tma_shared_layout(options.stages, steps_per_split, norm_bytes).bytes;
-  auto kernel = balanced ? (norm ? gemv_tma_balanced_kernel<true> : gemv_tma_balanced_kernel<false>)
-                : norm  ? gemv_tma_kernel<GemvInput::kRmsNorm>
+  const size_t shared = tma_shared_layout(options.stages, steps_per_split, norm ? weight_type_bytes(norm_type) : 0).bytes;
+  auto kernel = norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm>
                 : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul>
                                                       : gemv_tma_kernel<GemvInput::kPlain>;
   PETREL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                               "gemv_gptq_tma: " + std::to_string(shared) + " bytes of shared memory");
-  const dim3 grid = balanced ? dim3(static_cast<unsigned>(options.balanced_blocks))
-                             : dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(k_splits));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k_splits));
   PETREL_CUDA_RETURN_IF_ERROR(launch_kernel(kernel, grid, dim3(kThreads), shared, stream, options.overlap_previous, maps, args),
                               "gemv_gptq_tma: launch");
   return ok_status();

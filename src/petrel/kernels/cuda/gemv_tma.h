@@ -25,11 +25,6 @@ struct GemvTmaOptions {
   // file with four); the question was whether their early loads hurt this loop: in the decode step a late launch
   // lost 11-13% (H100, session 37), so no.
   bool late_dependents = false;
-  // 0: blocks of (row tile, input slice), gemv_gptq's grid. N > 0: N blocks whose warps take equal shares of the
-  // product's (32 rows x 8 steps) stages ("stream-K", gemv_tma.cu's balanced kernel): with N = multiprocessors x
-  // the blocks an SM holds, every SM streams the same bytes where the grid of tiles leaves some SMs one block and
-  // most four (gate/up: 448 blocks on 132 SMs). k_splits is then unused.
-  int balanced_blocks = 0;
 };
 inline constexpr int kMaxGemvTmaStages = 6;
 
@@ -44,7 +39,7 @@ Status gemv_gptq_tma(const DeviceGptqMatrix& w, const float* x, float* y, int mu
 
 // The same for up to kMaxGemvGroupMembers matrices that read one input (gemv_gptq_grouped's grid: every member's
 // row tiles side by side), each adding into its y. fusion.input may be kPlain, kRmsNorm (the norm applied as x
-// is staged, as gemv_gptq does) or, on the grid of slices, kSiluMul; fusion.clear zeroes up to two vectors after
+// is staged, as gemv_gptq does) or kSiluMul (down's input); fusion.clear zeroes up to two vectors after
 // the wait for the previous kernel; no residual (y accumulates already: pass the residual as y).
 Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const float* x, int multiprocessors,
                              Stream stream = nullptr, const GemvTmaOptions& options = {}, const GemvFusion& fusion = {});
