@@ -15,7 +15,7 @@
 // tie where every block fits an SM (q/k/v and gate/up through it, -0.3%), -7 to -12% where stages cost blocks an
 // SM at the step's 60% carveout; down (SiLU * up input, session 38) -5.7% in the step. Not yet run on an H200,
 // whose register loop is below its copy bandwidth. A balanced grid (every warp an equal range of 32-row x 8-step
-// units, each block staging all of x) lost 12% in the step and 14-60% alone (session 38, H100; branch
+// units, each block staging all of x) lost 12% in the step and 17-62% alone (session 38, H100; branch
 // experiment/tma-balanced): its per-block staging and per-warp row changes cost more than the uneven SMs.
 //
 // Shared-memory layout of a stage: the copy writes word row r (128 bytes: rows 0..31 of the warp, 4 bytes
