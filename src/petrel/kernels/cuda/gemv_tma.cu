@@ -2,9 +2,10 @@
 // gemv_gptq.cu's tensor-core vector kernel (its fragment mapping, dequantization and mma; promotion every 8
 // steps), per channel; what differs is how the weights arrive.
 //
-// Work: block (row tile of 128 rows, input slice) as gemv_gptq's plan, 4 warps of 32 rows. Each warp owns a ring of `stages` buffers of 4 KB in shared memory: one stage is 8 steps of its 32 rows,
-// 32 packed words x 32 rows of qweight (GPTQ layout [words, rows], read as is), which ONE tensor copy
-// (cp.async.bulk.tensor.2d, box 32 rows x 32 words, completing on the stage's mbarrier) brings in. Lane 0 of the warp asks for the
+// Work: block (row tile of 128 rows, input slice) as gemv_gptq's plan, 4 warps of 32 rows. Each warp owns a
+// ring of `stages` buffers of 4 KB in shared memory: one stage is 8 steps of its 32 rows, 32 packed words x 32
+// rows of qweight (GPTQ layout [words, rows], read as is), which ONE tensor copy (cp.async.bulk.tensor.2d,
+// box 32 rows x 32 words, completing on the stage's mbarrier) brings in. Lane 0 of the warp asks for the
 // first stages before the wait for the previous kernel (GemvTmaOptions::prewait_stages of them, the others once x
 // is staged; no registers held: the ring's bytes in flight are bounded by shared memory, not by the register
 // file, which bounds gemv_gptq's at ~24 KB a block), and refills a stage as soon as its 8 steps are in registers.
