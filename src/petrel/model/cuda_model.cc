@@ -377,24 +377,24 @@ struct CudaModel::State {
                                            {&w.v_proj.quantized.view(), v.as<float>()}};
       const uint32_t skip = options.decode_skip_phases;  // diagnostic (CudaModelOptions::decode_skip_phases)
       const CudaModelOptions::DecodeCarveouts& carveouts = options.decode_phase_carveouts;
-      auto tma_for = [&](int stages, std::initializer_list<const cuda::DeviceGptqMatrix*> matrices) {
+      // The tensor-copy GEMV's options for a product (stages 0: the register GEMV takes it).
+      auto tma_for = [&](int stages, int k_splits, std::initializer_list<const cuda::DeviceGptqMatrix*> matrices) {
         bool ok = stages > 0 && atomic.atomic_reduce;
         for (const cuda::DeviceGptqMatrix* m : matrices) ok = ok && cuda::gemv_gptq_tma_supports(*m).ok();
         cuda::GemvTmaOptions tma;
         tma.stages = ok ? stages : 0;
+        tma.k_splits = k_splits;
         tma.prewait_stages = options.decode_tma_prewait;
         tma.late_dependents = options.decode_tma_late_dependents;
         tma.overlap_previous = overlap;
         return tma;
       };
       const cuda::GemvTmaOptions tma_qkv = tma_for(
-          l > 0 ? options.decode_tma_qkv_stages : 0,
+          l > 0 ? options.decode_tma_qkv_stages : 0, options.decode_splits.qkv,
           {&w.q_proj.quantized.view(), &w.k_proj.quantized.view(), &w.v_proj.quantized.view()});
       if (!(skip & CudaModelOptions::kSkipQkv) && tma_qkv.stages > 0) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
-        cuda::GemvTmaOptions tma = tma_qkv;
-        tma.k_splits = options.decode_splits.qkv;
-        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(qkv, residual, gemv_workspace.multiprocessors(), s, tma,
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(qkv, residual, gemv_workspace.multiprocessors(), s, tma_qkv,
                                                            clearing(input_norm, up, c.intermediate_size)));
       } else if (!(skip & CudaModelOptions::kSkipQkv)) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.qkv);
@@ -422,13 +422,11 @@ struct CudaModel::State {
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
-      const cuda::GemvTmaOptions tma_gate_up =
-          tma_for(options.decode_tma_gate_up_stages, {&w.gate_proj.quantized.view(), &w.up_proj.quantized.view()});
+      const cuda::GemvTmaOptions tma_gate_up = tma_for(options.decode_tma_gate_up_stages, options.decode_splits.gate_up,
+                                                       {&w.gate_proj.quantized.view(), &w.up_proj.quantized.view()});
       if (!(skip & CudaModelOptions::kSkipGateUp) && tma_gate_up.stages > 0) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
-        cuda::GemvTmaOptions tma = tma_gate_up;
-        tma.k_splits = options.decode_splits.gate_up;
-        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(gate_up, residual, gemv_workspace.multiprocessors(), s, tma,
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(gate_up, residual, gemv_workspace.multiprocessors(), s, tma_gate_up,
                                                            clearing(post_attention_norm, q, c.q_dim())));
       } else if (!(skip & CudaModelOptions::kSkipGateUp)) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
@@ -442,15 +440,14 @@ struct CudaModel::State {
       silu_and_add.input = cuda::GemvInput::kSiluMul;
       silu_and_add.up = up.as<float>();
       silu_and_add.residual = residual;
-      const cuda::GemvTmaOptions tma_down = tma_for(options.decode_tma_down_stages, {&w.down_proj.quantized.view()});
+      const cuda::GemvTmaOptions tma_down =
+          tma_for(options.decode_tma_down_stages, options.decode_splits.down, {&w.down_proj.quantized.view()});
       if (!(skip & CudaModelOptions::kSkipDown) && tma_down.stages > 0) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.down);
-        cuda::GemvTmaOptions tma = tma_down;
-        tma.k_splits = options.decode_splits.down;
         cuda::GemvFusion silu = silu_and_add;
         silu.residual = nullptr;  // the sums are added into the residual stream itself
         const cuda::GemvGroupMember down[] = {{&w.down_proj.quantized.view(), residual}};
-        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(down, gate.as<float>(), gemv_workspace.multiprocessors(), s, tma,
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(down, gate.as<float>(), gemv_workspace.multiprocessors(), s, tma_down,
                                                            clearing(silu, k, c.kv_dim(), &v, c.kv_dim())));
       } else if (!(skip & CudaModelOptions::kSkipDown)) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.down);

@@ -74,7 +74,7 @@ struct TmaArgs {
   TmaPart parts[kMaxGemvGroupMembers];
   int n_parts;
   const float* x;
-  int64_t cols, words;
+  int64_t cols;
   // kNorm: y = W (norm_weight * (x / sqrt(mean(x^2) + norm_eps))), as gemv_gptq's GemvInput::kRmsNorm.
   const void* norm_weight;
   WeightType norm_type;
@@ -370,7 +370,6 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   args.n_parts = static_cast<int>(members.size());
   args.x = x;
   args.cols = w0.cols;
-  args.words = w0.cols / 8;
   args.norm_weight = fusion.norm_weight.data;
   args.norm_type = norm_type;
   args.norm_eps = fusion.norm_eps;
