@@ -58,4 +58,4 @@ if [ $h200 = 1 ] && [[ $SECTIONS == *B* ]]; then
     > $OUT/b_knobs_g128.md 2>&1; tail -14 $OUT/b_knobs_g128.md
 fi
 at "done"
-cd $OUT && tar czf all.tgz --exclude=all.tgz . && find . -type f ! -name all.tgz -delete
+tar czf /tmp/all.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/all.tgz "$OUT"/
