@@ -1,8 +1,8 @@
 #!/bin/bash
 # Device-side: the decode-step questions only an H200 answers (issue 6's tg128 target is set there, and since
 # session 34 every call but a few got an H100). Run tool: command `bash scripts/cuda_h200_questions.sh`, carry
-# [".gl/pkg.tar.xz"], after `sh scripts/cuda_pack.sh build`. On any GPU: the tensor-copy and fused-step tests, and
-# whether gate/up's blocks can fill shared memory during attention and o (section C). On an H200 only, also:
+# [".gl/pkg.tar.xz"], after `sh scripts/cuda_pack.sh build`. On any GPU: the tensor-copy and fused-step tests. On
+# an H200 only, by default:
 #   A. the tensor-copy GEMV (gemv_tma) against the register GEMV, alone (--tma) and in the step (-tmagS, -tmaqS,
 #      -tmadS); the 4-bit GEMV from L2 against from memory (--l2-hot); a block timeline of the default step;
 #      session 35's capped builds (-late00-uz0) per channel and at group 128;
@@ -10,10 +10,12 @@
 #      swept per channel and at group 128, each against `fused` in the same run.
 # Each section's output goes to $OUT (OUT as cuda_unpack.sh sets it) and is packed into $OUT/all.tgz at the end
 # (the run tool returns at most 8 files). docs/PERFORMANCE.md, "session 39", says what each answer would decide.
-# SECTIONS=AC (say) runs only those sections; the H200 check still applies to A and B.
+#   C (any GPU, only when named: answered on an H100 in session 39, slower): gate/up's blocks resident during
+#      attention and o (o in 8 slices, 100% carveout), with tensor-copy stages asked for before their wait.
+# SECTIONS=AC (say) runs those sections (default AB); the H200 check applies to A and B.
 set -u
 . scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
-SECTIONS=${SECTIONS:-ACB}
+SECTIONS=${SECTIONS:-AB}
 nvidia-smi -L
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 h200=0; nvidia-smi -L | grep -q H200 && h200=1
