@@ -59,7 +59,9 @@
 //                     4 KB in flight per warp (CudaModelOptions::decode_tma_gate_up_stages; per channel), e.g. fused-tmag3;
 //                     "-tmagSP": P of them asked for before the wait, the rest once x is staged, e.g. fused-tmag30;
 //                     "-tmagSPD": D = 1 launches down only after gate/up's loop (late_dependents), e.g. fused-tmag221;
-//                     "-tmaqS" (before "-tmagS"): q/k/v past layer 0 likewise, e.g. fused-tmaq1-tmag1
+//                     "-tmaqS" (before "-tmagS"): q/k/v past layer 0 likewise, e.g. fused-tmaq1-tmag1; without them
+//                     the device decides (CudaModelOptions::kTmaAuto: 1 and 1 on an H200, the label says so), and
+//                     "-tmaq0-tmag0" is the register GEMVs
 //                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
@@ -828,7 +830,13 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     auto gpu = CudaModel::create(model, options);
     check(gpu.status(), "CudaModel::create");
     const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::string label = variant + (options.resident_step && !(*gpu)->resident_step() ? " (not resident: shapes or GPU)" : "");
+    std::string label = variant + (options.resident_step && !(*gpu)->resident_step() ? " (not resident: shapes or GPU)" : "");
+    // The tensor-copy GEMVs the device's memory bandwidth chose (CudaModelOptions::kTmaAuto), where it chose any.
+    const CudaModelOptions& used = (*gpu)->options();
+    if ((options.decode_tma_qkv_stages == CudaModelOptions::kTmaAuto && used.decode_tma_qkv_stages > 0) ||
+        (options.decode_tma_gate_up_stages == CudaModelOptions::kTmaAuto && used.decode_tma_gate_up_stages > 0)) {
+      label += " (auto: tmaq" + std::to_string(used.decode_tma_qkv_stages) + " tmag" + std::to_string(used.decode_tma_gate_up_stages) + ")";
+    }
     std::vector<float> logits;
     // Mean tokens per second over the reps of n_gen steps, each step through `one` (token id, step index).
     std::vector<int32_t> depth_tokens(o.depth);

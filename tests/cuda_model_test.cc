@@ -134,6 +134,26 @@ TEST(CudaModel, WithoutAGpuCreateSaysWhy) {
       << message;
 }
 
+// The tensor-copy GEMVs' default (CudaModelOptions::kTmaAuto) follows the device's memory system: one stage on an
+// H200's ~4.9 TB/s, the register GEMV on an H100 SXM's ~3.35 TB/s, before compute capability 9.0 (no tensor copies)
+// and where the bandwidth is unknown; an explicit setting is kept everywhere. No GPU needed.
+TEST(CudaModel, TensorCopyGemvDefaultFollowsTheMemoryBandwidth) {
+  constexpr int kAuto = CudaModelOptions::kTmaAuto;
+  EXPECT_EQ(CudaModelOptions{}.decode_tma_qkv_stages, kAuto);
+  EXPECT_EQ(CudaModelOptions{}.decode_tma_gate_up_stages, kAuto);
+  EXPECT_EQ(CudaModelOptions{}.decode_tma_down_stages, 0);
+  const int64_t h200 = int64_t{2} * 3'201'000'000 * (6144 / 8), h100 = int64_t{2} * 2'619'000'000 * (5120 / 8);
+  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9), 1);
+  EXPECT_EQ(resolve_tma_stages(kAuto, h100, 9), 0);
+  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 8), 0);
+  EXPECT_EQ(resolve_tma_stages(kAuto, 0, 9), 0);
+  EXPECT_EQ(resolve_tma_stages(kAuto, CudaModelOptions::kTmaAutoMinBandwidth, 10), 1);
+  for (const int stages : {0, 1, 3}) {
+    EXPECT_EQ(resolve_tma_stages(stages, h200, 9), stages);
+    EXPECT_EQ(resolve_tma_stages(stages, h100, 9), stages);
+  }
+}
+
 struct FloatCase {
   std::string name;       // fixture name under parity/
   std::string model_dir;  // relative to the test data dir
@@ -381,7 +401,11 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   expect_close(split, "default splits");
   CudaModelOptions atomic = split;
   atomic.decode_atomic_reduce = true;  // split-K sums by atomics (all but layer 0's q/k/v): an order varying by run
+  atomic.decode_tma_qkv_stages = atomic.decode_tma_gate_up_stages = 0;  // the register GEMVs on every GPU
   expect_close(atomic, "atomic split-K");
+  CudaModelOptions defaults = atomic;  // the tensor-copy GEMVs as the device decides (on an H200: one stage each)
+  defaults.decode_tma_qkv_stages = defaults.decode_tma_gate_up_stages = CudaModelOptions::kTmaAuto;
+  expect_close(defaults, "atomic split-K, tensor copies as the device decides");
   CudaModelOptions tma = atomic;  // gate/up through the tensor-copy-fed GEMV (per channel; group 128 keeps the register one)
   tma.decode_tma_gate_up_stages = 2;
   expect_close(tma, "gate/up by tensor copies");

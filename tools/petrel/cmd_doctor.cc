@@ -59,9 +59,11 @@ int run_doctor() {
     } else {
       std::printf("gpus:\n");
       for (const cuda::DeviceInfo& d : *devices) {
-        std::printf("  gpu %d: %s, %.1f GiB, compute capability %d.%d, %d SMs, %.0f MiB L2\n", d.index, d.name.c_str(),
+        std::printf("  gpu %d: %s, %.1f GiB, compute capability %d.%d, %d SMs, %.0f MiB L2", d.index, d.name.c_str(),
                     d.total_memory_bytes / double(1 << 30), d.compute_major, d.compute_minor, d.multiprocessors,
                     d.l2_cache_bytes / double(1 << 20));
+        if (d.peak_memory_bandwidth > 0) std::printf(", %.2f TB/s peak memory bandwidth", d.peak_memory_bandwidth / 1e12);
+        std::printf("\n");
       }
     }
     return 0;

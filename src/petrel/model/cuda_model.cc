@@ -1015,6 +1015,12 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   s.options = options;
   // As Session does: a longer context than the model was trained for is clamped to max_position_embeddings.
   s.options.context_length = std::min(options.context_length, c.max_position_embeddings);
+  {
+    const cuda::DeviceInfo& d = devices[options.device];
+    s.options.decode_tma_qkv_stages = resolve_tma_stages(options.decode_tma_qkv_stages, d.peak_memory_bandwidth, d.compute_major);
+    s.options.decode_tma_gate_up_stages =
+        resolve_tma_stages(options.decode_tma_gate_up_stages, d.peak_memory_bandwidth, d.compute_major);
+  }
   PETREL_ASSIGN_OR_RETURN(s.stream, cuda::CudaStream::create());
   PETREL_ASSIGN_OR_RETURN(s.gemv_workspace, cuda::GemvWorkspace::create());
   for (int i = 0; i < 2; ++i) {
@@ -1237,6 +1243,12 @@ Result<std::span<const float>> CudaModel::decode_logits(int32_t token) {
 }
 
 bool CudaModel::constraint_mask_on_device() const { return state_->options.constraint_mask_on_device; }
+const CudaModelOptions& CudaModel::options() const { return state_->options; }
+
+int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute_major) {
+  if (requested != CudaModelOptions::kTmaAuto) return requested;
+  return compute_major >= 9 && peak_memory_bandwidth >= CudaModelOptions::kTmaAutoMinBandwidth ? 1 : 0;
+}
 
 int CudaModel::max_top_k(const LlamaConfig& config) {
   return config.vocab_size <= cuda::kMaxDeviceTopKValues ? cuda::kMaxDeviceTopK : 0;

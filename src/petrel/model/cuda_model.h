@@ -133,15 +133,21 @@ struct CudaModelOptions {
   // 120-register cap), 0 to +1.1% on H100s (session 35, docs/PERFORMANCE.md). The decode bench's suffix "-uz0"
   // turns it off. Bitwise the same logits.
   bool decode_uniform_zeros = true;
-  // Experimental (session 37, off): the fused step's gate/up (and q/k/v, past layer 0) products through
-  // cuda::gemv_gptq_tma_grouped (weights brought into shared memory by tensor copies, this many 4 KB stages in
-  // flight per warp) instead of the register GEMV. Per channel with atomic split-K only; elsewhere, and at 0, the
-  // register GEMV. On an H100 gate/up so tied the register GEMV at equal occupancy (docs/PERFORMANCE.md, session
-  // 37). The decode bench's suffixes "-tmagS" and "-tmaqS" ("-tmagSP": P of them before the wait; "-tmagSPD":
+  // The fused step's gate/up (and q/k/v, past layer 0) products through cuda::gemv_gptq_tma_grouped (weights
+  // brought into shared memory by tensor copies, this many 4 KB stages in flight per warp) instead of the register
+  // GEMV. Per channel with atomic split-K only; elsewhere, and at 0, the register GEMV. kTmaAuto (the default):
+  // one stage each where the device's peak memory bandwidth is at least kTmaAutoMinBandwidth, else the register
+  // GEMV (resolve_tma_stages). Measured (docs/PERFORMANCE.md, sessions 37 and 40), 8B per channel, tg128: on an
+  // H200 (~4.9 TB/s peak, 4.2 copy) one stage for both +1.8 to +2.4% in four A/Bs (alone, gate/up's GEMV 19.5
+  // against the register kernel's 20.9 us), +2.2% after 1,000 positions, +3% after 2,000; two or three stages,
+  // down through it, other slices or carveouts lose; on H100s (~3.35 TB/s) a tie to -2.4%. The decode bench's
+  // suffixes "-tmagS" and "-tmaqS" (0: the register GEMV; "-tmagSP": P of them before the wait; "-tmagSPD":
   // D = 1, late_dependents).
-  int decode_tma_gate_up_stages = 0;
-  int decode_tma_qkv_stages = 0;
-  int decode_tma_down_stages = 0;  // down likewise (SiLU * up input; "-tmadS"; H100, session 38: -5.7%)
+  static constexpr int kTmaAuto = -1;
+  static constexpr int64_t kTmaAutoMinBandwidth = 4'000'000'000'000;  // bytes/s: the H200 on, H100s off
+  int decode_tma_gate_up_stages = kTmaAuto;
+  int decode_tma_qkv_stages = kTmaAuto;
+  int decode_tma_down_stages = 0;  // down likewise (SiLU * up input; "-tmadS"; H100, session 38: -5.7%; H200 -3 to -5%)
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
@@ -257,6 +263,11 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
 // 4.60 GiB + fp16 KV cache 0.50 GiB for 4096 positions + scratch 0.01 GiB), 2.00 GiB (2147483648 bytes) is
 // free of 139.80 GiB". create() runs it with cudaMemGetInfo's numbers before it uploads anything.
 Status check_gpu_memory(const GpuMemoryNeed& need, int64_t free_bytes, int64_t total_bytes, const std::string& device);
+// The tensor-copy GEMV stages a product of the fused step gets (CudaModelOptions::decode_tma_qkv_stages,
+// decode_tma_gate_up_stages): `requested` unless it is CudaModelOptions::kTmaAuto; auto: 1 on a device with tensor
+// copies (compute capability 9.0 or later) whose peak memory bandwidth (cuda::DeviceInfo::peak_memory_bandwidth,
+// 0 unknown) is at least CudaModelOptions::kTmaAutoMinBandwidth, else 0 (the register GEMV).
+int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute_major);
 
 class CudaModel {
  public:
@@ -303,6 +314,8 @@ class CudaModel {
   Status forward_top(std::span<const int32_t> tokens, int k, TopLogits* top);
   static int max_top_k(const LlamaConfig& config);  // 0 when the vocabulary is too large for the kernel
   bool constraint_mask_on_device() const;  // CudaModelOptions::constraint_mask_on_device
+  // The options as create() resolved them: the context length clamped to the model's, kTmaAuto decided.
+  const CudaModelOptions& options() const;
   // decode_top with a constraint's token mask (JSON mode) applied on the GPU before the choice: the step runs
   // without its LM head while `write_mask` fills the mask on the host (bit i % 32 of word i / 32: token i
   // allowed; (vocab + 31) / 32 words), then the LM head, the mask (disallowed logits -infinity) and the top-k

@@ -69,6 +69,13 @@ Result<DeviceInfo> device_info(int device) {
   info.multiprocessors = prop.multiProcessorCount;
   info.l2_cache_bytes = prop.l2CacheSize;
   info.shared_memory_per_block_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  int clock_khz = 0, bus_bits = 0;  // attributes: CUDA 13's cudaDeviceProp no longer has the memory clock
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess) {
+    info.peak_memory_bandwidth = int64_t{2} * clock_khz * 1000 * (bus_bits / 8);
+  } else {
+    cudaGetLastError();  // no memory clock is no error: the bandwidth stays unknown (0)
+  }
   return info;
 }
 

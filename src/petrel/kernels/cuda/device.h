@@ -33,6 +33,10 @@ struct DeviceInfo {
   int multiprocessors = 0;
   int64_t l2_cache_bytes = 0;
   int64_t shared_memory_per_block_optin = 0;  // the most dynamic shared memory a block may ask for
+  // Peak memory bandwidth, bytes a second, from the memory clock and bus width the runtime reports (two
+  // transfers a clock): ~4.9e12 for an H200, ~3.35e12 for an H100 SXM; 0 where the runtime reports neither.
+  // Defaults that depend on the memory system read it (CudaModelOptions' tensor-copy GEMVs).
+  int64_t peak_memory_bandwidth = 0;
 };
 
 // The GPUs the CUDA runtime sees. No driver or no GPU is no error: the list is empty, and
