@@ -134,23 +134,27 @@ TEST(CudaModel, WithoutAGpuCreateSaysWhy) {
       << message;
 }
 
-// The tensor-copy GEMVs' default (CudaModelOptions::kTmaAuto) follows the device's memory system: one stage on an
-// H200's ~4.9 TB/s, the register GEMV on an H100 SXM's ~3.35 TB/s, before compute capability 9.0 (no tensor copies)
-// and where the bandwidth is unknown; an explicit setting is kept everywhere. No GPU needed.
+// The tensor-copy GEMVs' default (CudaModelOptions::kTmaAuto) follows the device's memory system: per channel one
+// stage on an H200's ~4.9 TB/s, the register GEMV on an H100 SXM's ~3.35 TB/s, before compute capability 9.0 (no
+// tensor copies), where the bandwidth is unknown and at group 128; an explicit setting is kept everywhere. No GPU
+// needed.
 TEST(CudaModel, TensorCopyGemvDefaultFollowsTheMemoryBandwidth) {
   constexpr int kAuto = CudaModelOptions::kTmaAuto;
   EXPECT_EQ(CudaModelOptions{}.decode_tma_qkv_stages, kAuto);
   EXPECT_EQ(CudaModelOptions{}.decode_tma_gate_up_stages, kAuto);
   EXPECT_EQ(CudaModelOptions{}.decode_tma_down_stages, 0);
   const int64_t h200 = int64_t{2} * 3'201'000'000 * (6144 / 8), h100 = int64_t{2} * 2'619'000'000 * (5120 / 8);
-  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9), 1);
-  EXPECT_EQ(resolve_tma_stages(kAuto, h100, 9), 0);
-  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 8), 0);
-  EXPECT_EQ(resolve_tma_stages(kAuto, 0, 9), 0);
-  EXPECT_EQ(resolve_tma_stages(kAuto, CudaModelOptions::kTmaAutoMinBandwidth, 10), 1);
+  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9, false), 1);
+  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9, true), 0);  // group 128: only when asked for
+  EXPECT_EQ(resolve_tma_stages(kAuto, h100, 9, false), 0);
+  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 8, false), 0);
+  EXPECT_EQ(resolve_tma_stages(kAuto, 0, 9, false), 0);
+  EXPECT_EQ(resolve_tma_stages(kAuto, CudaModelOptions::kTmaAutoMinBandwidth, 10, false), 1);
   for (const int stages : {0, 1, 3}) {
-    EXPECT_EQ(resolve_tma_stages(stages, h200, 9), stages);
-    EXPECT_EQ(resolve_tma_stages(stages, h100, 9), stages);
+    for (const bool grouped : {false, true}) {
+      EXPECT_EQ(resolve_tma_stages(stages, h200, 9, grouped), stages);
+      EXPECT_EQ(resolve_tma_stages(stages, h100, 9, grouped), stages);
+    }
   }
 }
 

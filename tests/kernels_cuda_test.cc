@@ -953,6 +953,52 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
       }
     }
   }
+  // Groups of 128 and 256 inputs with one zero for all (a symmetric grid, petrel's default): each half stage
+  // promoted with its group's scales, slices rounded to whole 128-input groups (odd k_splits, partial stages); against
+  // the reference, and against the register kernel's atomic launch (the same sums, added in another order).
+  struct GroupCase { int64_t rows, cols, group; };
+  for (const GroupCase& c : {GroupCase{1000, 2048, 128}, GroupCase{264, 1152, 128}, GroupCase{4096, 4096, 128},
+                             GroupCase{72, 4096, 256}, GroupCase{200, 1536, 256}}) {
+    const TestGptq m = make_gptq(rng, c.rows, c.cols, 4, c.group, true);
+    ASSERT_GE(m.device.view().uniform_zero, 0);
+    const std::vector<float> x = random_floats(rng, c.cols, 2.0f);
+    const std::vector<float> x16 = round_to_f16(x);
+    std::vector<float> want(c.rows);
+    ref::matmul(x16.data(), 1, m.host.view(), want.data());
+    cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4);
+    auto y = cuda::DeviceBuffer::allocate(c.rows * 4), y_register = cuda::DeviceBuffer::allocate(c.rows * 4);
+    ASSERT_TRUE(y.ok() && y_register.ok());
+    for (int k_splits : {0, 1, 3, 5}) {
+      for (int stages : {1, 2}) {
+        SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " group " + std::to_string(c.group) +
+                     " k_splits " + std::to_string(k_splits) + " stages " + std::to_string(stages));
+        ASSERT_TRUE(y->fill_bytes(0).ok());
+        ASSERT_TRUE(y_register->fill_bytes(0).ok());
+        cuda::GemvTmaOptions options;
+        options.k_splits = k_splits;
+        options.stages = stages;
+        const Status st = cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, options);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        const std::vector<float> got = download_floats(*y, c.rows);
+        EXPECT_LE(relative_l2(got, want), kTolerance);
+        cuda::GemvOptions atomic;
+        atomic.k_splits = k_splits;
+        atomic.atomic_reduce = true;
+        ASSERT_TRUE(cuda::gemv_gptq(m.device.view(), x_dev.as<float>(), y_register->as<float>(), *workspace, nullptr, atomic).ok());
+        EXPECT_LE(relative_l2(got, download_floats(*y_register, c.rows)), 1e-5);
+      }
+    }
+  }
+  {  // zeros that vary by group, and groups not a multiple of 128 inputs: refused, naming why
+    const TestGptq asymmetric = make_gptq(rng, 256, 1024, 4, 128, false);
+    const TestGptq small_groups = make_gptq(rng, 256, 1024, 4, 64, true);
+    for (const TestGptq* m : {&asymmetric, &small_groups}) {
+      if (m == &asymmetric && m->device.view().uniform_zero >= 0) continue;  // random zeros that came out equal
+      const Status st = cuda::gemv_gptq_tma_supports(m->device.view());
+      EXPECT_EQ(st.code(), ErrorCode::kUnsupported) << st.to_string();
+      EXPECT_NE(st.message().find("group size"), std::string::npos) << st.to_string();
+    }
+  }
   // Grouped (gate/up-like: two members side by side in one grid) with the RMSNorm input and a vector cleared, as the
   // decode step would launch it: against the reference ops, and against gemv_gptq_grouped with atomic split-K on
   // the same slices (its sums of squares in the same order).

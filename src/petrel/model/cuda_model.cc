@@ -1017,9 +1017,16 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   s.options.context_length = std::min(options.context_length, c.max_position_embeddings);
   {
     const cuda::DeviceInfo& d = devices[options.device];
-    s.options.decode_tma_qkv_stages = resolve_tma_stages(options.decode_tma_qkv_stages, d.peak_memory_bandwidth, d.compute_major);
+    bool grouped = false;  // any group-wise 4-bit layer weights
+    for (const LlamaLayerWeights& l : model.weights().layers) {
+      for (const LinearWeight* lin : {&l.q_proj, &l.gate_proj}) {
+        grouped = grouped || (lin->kind == LinearWeight::Kind::kGptq && lin->gptq.group_size != lin->gptq.cols);
+      }
+    }
+    s.options.decode_tma_qkv_stages =
+        resolve_tma_stages(options.decode_tma_qkv_stages, d.peak_memory_bandwidth, d.compute_major, grouped);
     s.options.decode_tma_gate_up_stages =
-        resolve_tma_stages(options.decode_tma_gate_up_stages, d.peak_memory_bandwidth, d.compute_major);
+        resolve_tma_stages(options.decode_tma_gate_up_stages, d.peak_memory_bandwidth, d.compute_major, grouped);
   }
   PETREL_ASSIGN_OR_RETURN(s.stream, cuda::CudaStream::create());
   PETREL_ASSIGN_OR_RETURN(s.gemv_workspace, cuda::GemvWorkspace::create());
@@ -1245,9 +1252,9 @@ Result<std::span<const float>> CudaModel::decode_logits(int32_t token) {
 bool CudaModel::constraint_mask_on_device() const { return state_->options.constraint_mask_on_device; }
 const CudaModelOptions& CudaModel::options() const { return state_->options; }
 
-int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute_major) {
+int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute_major, bool grouped_weights) {
   if (requested != CudaModelOptions::kTmaAuto) return requested;
-  return compute_major >= 9 && peak_memory_bandwidth >= CudaModelOptions::kTmaAutoMinBandwidth ? 1 : 0;
+  return !grouped_weights && compute_major >= 9 && peak_memory_bandwidth >= CudaModelOptions::kTmaAutoMinBandwidth ? 1 : 0;
 }
 
 int CudaModel::max_top_k(const LlamaConfig& config) {

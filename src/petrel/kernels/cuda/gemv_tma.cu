@@ -1,6 +1,10 @@
 // kernels/cuda: the 4-bit GEMV fed by tensor copies (gemv_tma.h says why it exists). Same arithmetic as
 // gemv_gptq.cu's tensor-core vector kernel (its fragment mapping, dequantization and mma; promotion every 8
-// steps), per channel; what differs is how the weights arrive.
+// steps per channel, at every group of 128 inputs otherwise); what differs is how the weights arrive.
+// Groups (the kGrouped build, session 40): a multiple of 128 inputs whose zeros are one value (a symmetric grid,
+// decoded once, as gemv_gptq's uniform-zeros build); slices start at multiples of 4 steps, so each half stage
+// lies in one group and is promoted with that group's scales, which each thread loads a stage ahead (8 bytes a
+// half), as the stage's weights are asked for.
 //
 // Work: block (row tile of 128 rows, input slice) as gemv_gptq's plan, 4 warps of 32 rows. Each warp owns a
 // ring of `stages` buffers of 4 KB in shared memory: one stage is 8 steps of its 32 rows, 32 packed words x 32
@@ -14,8 +18,9 @@
 // Measured (docs/PERFORMANCE.md, session 37; H100s, where both kernels are memory-bound): alone a tie with the
 // register kernel (gate/up 23.9-24.2 against 23.7 us), one stage streaming as well as three; in the decode step a
 // tie where every block fits an SM (q/k/v and gate/up through it, -0.3%), -7 to -12% where stages cost blocks an
-// SM at the step's 60% carveout; down (SiLU * up input, session 38) -5.7% in the step. Not yet run on an H200,
-// whose register loop is below its copy bandwidth. A balanced grid (every warp an equal range of 32-row x 8-step
+// SM at the step's 60% carveout; down (SiLU * up input, session 38) -5.7% in the step. On an H200 (session 40), whose
+// register loop runs below its copy bandwidth: alone faster (gate/up 19.5 against 20.9 us, q/k/v 6.8 against 7.3),
+// one stage best (two 20.5, three 21.9); in the step q/k/v and gate/up through it +1.8 to +2.4% per channel. A balanced grid (every warp an equal range of 32-row x 8-step
 // units, each block staging all of x) lost 12% in the step and 17-62% alone (session 38, H100; branch
 // experiment/tma-balanced): its per-block staging and per-warp row changes cost more than the uneven SMs.
 //
@@ -35,6 +40,7 @@
 #include <algorithm>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "petrel/kernels/cuda/activation.cuh"
 #include "petrel/kernels/cuda/async_copy.cuh"
@@ -68,6 +74,7 @@ struct TmaPart {
   int64_t rows;
   int first_tile;  // the grid's first row tile of this member
   int zero_offset;
+  int uniform_zero;  // DeviceGptqMatrix::uniform_zero (the grouped build: every group's zeros this value)
 };
 
 struct TmaArgs {
@@ -83,6 +90,7 @@ struct TmaArgs {
   float* clear[2];  // zeroed after the wait (GemvFusion::clear)
   int64_t clear_vectors[2];
   int steps_per_split, total_steps, stages, prewait_stages;
+  int group_steps;  // the grouped build: steps a group (a multiple of 4; slices start at multiples of 4 steps)
   int late_dependents;  // GemvTmaOptions::late_dependents
 };
 
@@ -116,21 +124,70 @@ __device__ __forceinline__ void read_stage(const uint8_t* stage, int quad_row, i
   }
 }
 
-// A stage's steps first .. first + 7 (those below `steps`) times x (x_staged: fp16 fragments, 4 words a step) into
-// the accumulators, then promoted into `total` (every stage: 8 steps, gemv_gptq's kPromoteSteps; per-channel scales).
-__device__ __forceinline__ void compute_stage(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
-                                              int quad_col, const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4],
-                                              const float (&scale)[4], float (&acc01)[4], float (&acc23)[4], float (&total)[4]) {
-  if (first + kStageSteps <= steps) {
+// Steps first + kFrom .. first + kFrom + kCount - 1 of a stage (those below `steps`) times x (x_staged: fp16
+// fragments, 4 words a step) into the accumulators.
+template <int kFrom, int kCount>
+__device__ __forceinline__ void stage_steps(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
+                                            int quad_col, const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4],
+                                            float (&acc01)[4], float (&acc23)[4]) {
+  if (first + kFrom + kCount <= steps) {
 #pragma unroll
-    for (int j = 0; j < kStageSteps; ++j) mma_step4(acc01, acc23, w[j], x_staged[(first + j) * kWordsPerStep + quad_col], bias_low, bias_high);
+    for (int j = kFrom; j < kFrom + kCount; ++j) {
+      mma_step4(acc01, acc23, w[j], x_staged[(first + j) * kWordsPerStep + quad_col], bias_low, bias_high);
+    }
   } else {
 #pragma unroll
-    for (int j = 0; j < kStageSteps; ++j) {
+    for (int j = kFrom; j < kFrom + kCount; ++j) {
       if (first + j < steps) mma_step4(acc01, acc23, w[j], x_staged[(first + j) * kWordsPerStep + quad_col], bias_low, bias_high);
     }
   }
+}
+
+// 4 rows' fp16 scales (two packed words) as floats.
+__device__ __forceinline__ void decode_scales(uint2 raw, float (&scale)[4]) {
+  const uint32_t packed[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
+}
+
+// A stage's 8 steps into the accumulators, then promoted into `total` (every stage: 8 steps, gemv_gptq's
+// kPromoteSteps; per-channel scales).
+__device__ __forceinline__ void compute_stage(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
+                                              int quad_col, const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4],
+                                              const float (&scale)[4], float (&acc01)[4], float (&acc23)[4], float (&total)[4]) {
+  stage_steps<0, kStageSteps>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
   promote4(total, scale, acc01, acc23);
+}
+
+// The grouped build's stage: each half (4 steps, within one group: groups are multiples of 4 steps and slices
+// start at multiples of 4) promoted with its group's scales (raw[0], raw[1]), as gemv_gptq promotes at every
+// group change.
+__device__ __forceinline__ void compute_stage_grouped(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
+                                                      int quad_col, const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4],
+                                                      const uint2 (&raw)[2], float (&acc01)[4], float (&acc23)[4],
+                                                      float (&total)[4]) {
+  float scale[4];
+  stage_steps<0, 4>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
+  decode_scales(raw[0], scale);
+  promote4(total, scale, acc01, acc23);
+  stage_steps<4, 4>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
+  decode_scales(raw[1], scale);
+  promote4(total, scale, acc01, acc23);
+}
+
+// The grouped build: the 4 rows' scales of both halves of stage `chunk` (the groups of its first and fifth steps;
+// halves past the slice's steps, or rows past the matrix, load nothing).
+__device__ __forceinline__ void load_stage_scales(const uint16_t* row_scales, int64_t rows, bool row_ok, int first_step,
+                                                  int chunk, int steps, int group_steps, uint2 (&raw)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int step = chunk * kStageSteps + 4 * h;  // within the slice
+    raw[h] = make_uint2(0, 0);
+    if (row_ok && step < steps) {
+      const int64_t group = (first_step + step) / group_steps;
+      raw[h] = __ldg(reinterpret_cast<const uint2*>(row_scales + group * rows));
+    }
+  }
 }
 
 // 1 / sqrt(mean(x^2) + eps) from each thread's partial sum of squares (the warp's shuffles, then the warps in
@@ -157,7 +214,9 @@ __device__ __forceinline__ void clear_vectors(const TmaArgs& a, int64_t b, int64
   }
 }
 
-template <GemvInput kInput>
+// kGrouped: weights in groups of a multiple of 128 inputs whose zeros are all one value (TmaPart::uniform_zero);
+// otherwise per channel.
+template <GemvInput kInput, bool kGrouped>
 __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constant__ TmaMaps maps, const TmaArgs a) {
   constexpr bool kNorm = kInput == GemvInput::kRmsNorm;
   if (!a.late_dependents) allow_dependent_launch();
@@ -199,7 +258,13 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
   const bool row_ok = row < part.rows;
   uint2 raw_scales;
   uint32_t raw_zeros;
-  load_raw_params(part.scales + row, part.qzeros + row / 8, row_ok, raw_scales, raw_zeros);
+  uint2 stage_scales[2];  // kGrouped: the next stage's scales, loaded a stage ahead (as its weights are)
+  if constexpr (kGrouped) {
+    raw_zeros = static_cast<uint32_t>(part.uniform_zero) * 0x11111111u;  // every row's zero, 8 rows a word
+    load_stage_scales(part.scales + row, part.rows, row_ok, first_step, 0, steps, a.group_steps, stage_scales);
+  } else {
+    load_raw_params(part.scales + row, part.qzeros + row / 8, row_ok, raw_scales, raw_zeros);
+  }
   const int inputs = steps * kWordsPerStep * 8;  // the slice's inputs (cols % 32 == 0: whole steps)
   const int64_t first_input = int64_t{first_word} * 8;
   char* const norm_slice = reinterpret_cast<char*>(base + layout.norm);
@@ -254,9 +319,7 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
   uint32_t bias_low[4], bias_high[4];
   zero_biases<4>(raw_zeros >> (4 * static_cast<int>(row % 8)), zero_bias_bases(part.zero_offset), bias_low, bias_high);
   float scale[4];
-  const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
-#pragma unroll
-  for (int r = 0; r < 4; ++r) scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
+  if constexpr (!kGrouped) decode_scales(raw_scales, scale);
 
   float acc01[4] = {0, 0, 0, 0}, acc23[4] = {0, 0, 0, 0}, total[4] = {0, 0, 0, 0};
   for (int c = 0; c < chunks; ++c) {
@@ -271,7 +334,13 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
       fence_proxy_async_shared();
       refill(slot, c + a.stages);
     }
-    compute_stage(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, scale, acc01, acc23, total);
+    if constexpr (kGrouped) {
+      const uint2 raw[2] = {stage_scales[0], stage_scales[1]};
+      if (c + 1 < chunks) load_stage_scales(part.scales + row, part.rows, row_ok, first_step, c + 1, steps, a.group_steps, stage_scales);
+      compute_stage_grouped(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, raw, acc01, acc23, total);
+    } else {
+      compute_stage(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, scale, acc01, acc23, total);
+    }
   }
   if (a.late_dependents) allow_dependent_launch();
   if (quad_col == 0 && row_ok) {
@@ -298,7 +367,11 @@ Status gemv_gptq_tma_supports(const DeviceGptqMatrix& w) {
     return text;
   };
   if (w.bits != 4) return unsupported("gemv_gptq_tma: 4-bit weights only, not " + std::to_string(w.bits) + "-bit");
-  if (w.group_size != w.cols) return unsupported("gemv_gptq_tma: per-channel weights only (group size " + std::to_string(w.group_size) + ")");
+  if (w.group_size != w.cols && (w.group_size <= 0 || w.group_size % 128 != 0 || w.uniform_zero < 0)) {
+    return unsupported("gemv_gptq_tma: per-channel weights, or groups of a multiple of 128 inputs with one zero for all "
+                       "(a symmetric grid) only; group size " + std::to_string(w.group_size) +
+                       (w.uniform_zero < 0 ? ", zeros varying" : ""));
+  }
   if (w.rows <= 0 || w.rows % 4 != 0) return invalid_argument("gemv_gptq_tma: rows must be a positive multiple of 4, got " + shape());
   if (w.cols <= 0 || w.cols % 32 != 0) return invalid_argument("gemv_gptq_tma: cols must be a positive multiple of 32, got " + shape());
   if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 30)) return invalid_argument("gemv_gptq_tma: " + shape() + " is too large");
@@ -317,6 +390,7 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
     if (!m.w || !m.y) return invalid_argument("gemv_gptq_tma: a member without a matrix or an output");
     PETREL_RETURN_IF_ERROR(gemv_gptq_tma_supports(*m.w));
     if (m.w->cols != w0.cols) return invalid_argument("gemv_gptq_tma: the members' cols differ");
+    if (m.w->group_size != w0.group_size) return invalid_argument("gemv_gptq_tma: the members' group sizes differ");
     if (address(m.y) % 16 != 0) return invalid_argument("gemv_gptq_tma: y must be 16-byte aligned");
   }
   if (address(x) % 16 != 0) return invalid_argument("gemv_gptq_tma: x must be 16-byte aligned");
@@ -355,7 +429,9 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
     k_splits = plan.k_splits;
   }
   const int total_steps = static_cast<int>(w0.cols / 32);
-  const int steps_per_split = (total_steps + k_splits - 1) / std::min(k_splits, total_steps);
+  const bool grouped = w0.group_size != w0.cols;
+  int steps_per_split = (total_steps + k_splits - 1) / std::min(k_splits, total_steps);
+  if (grouped) steps_per_split = (steps_per_split + 3) / 4 * 4;  // slices start at multiples of 4 steps (128 inputs)
   k_splits = (total_steps + steps_per_split - 1) / steps_per_split;
 
   TmaMaps maps{};
@@ -364,7 +440,7 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
     const DeviceGptqMatrix& w = *members[i].w;
     PETREL_RETURN_IF_ERROR(encode_int32_tensor_map_2d(maps.map[i], w.qweight, w.rows, w.cols / 8, kRowsPerWarp, kStageWords,
                                                       CU_TENSOR_MAP_SWIZZLE_128B, "gemv_gptq_tma"));
-    args.parts[i] = {members[i].y, w.scales, w.qzeros, w.rows, tiles, w.zero_offset};
+    args.parts[i] = {members[i].y, w.scales, w.qzeros, w.rows, tiles, w.zero_offset, w.uniform_zero};
     tiles += static_cast<int>((w.rows + kRows - 1) / kRows);
   }
   args.n_parts = static_cast<int>(members.size());
@@ -376,13 +452,18 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   args.up = fusion.up;
   args.steps_per_split = steps_per_split;
   args.total_steps = total_steps;
+  args.group_steps = grouped ? static_cast<int>(w0.group_size / 32) : 0;
   args.stages = options.stages;
   args.late_dependents = options.late_dependents ? 1 : 0;
   args.prewait_stages = options.prewait_stages < 0 ? options.stages : std::min(options.prewait_stages, options.stages);
   const size_t shared = tma_shared_layout(options.stages, steps_per_split, norm ? weight_type_bytes(norm_type) : 0).bytes;
-  auto kernel = norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm>
-                : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul>
-                                                      : gemv_tma_kernel<GemvInput::kPlain>;
+  auto pick = [&](auto grouped_build) {
+    constexpr bool kGrouped = decltype(grouped_build)::value;
+    return norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm, kGrouped>
+           : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul, kGrouped>
+                                                 : gemv_tma_kernel<GemvInput::kPlain, kGrouped>;
+  };
+  auto kernel = grouped ? pick(std::true_type{}) : pick(std::false_type{});
   PETREL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                               "gemv_gptq_tma: " + std::to_string(shared) + " bytes of shared memory");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k_splits));

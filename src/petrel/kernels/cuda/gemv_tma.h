@@ -1,9 +1,10 @@
-// kernels/cuda: an experimental 4-bit GEMV whose weights reach shared memory through Hopper's tensor copies
-// (TMA), per warp, instead of through registers (gemv_gptq.cu). A probe of one question that decides how a
-// resident decode step could be built (docs/RESIDENT_STEP.md): can a consumer fed from shared memory keep a
-// 4-bit product's loop at least as fast as the register GEMV, whose bytes in flight the register file bounds?
-// Not used by the model; petrel_bench_gemv_cuda --tma times it beside the register kernel, and
-// tests/kernels_cuda_test.cc checks it against ref::matmul. gemv_tma.cu has the layout and the reasons.
+// kernels/cuda: a 4-bit GEMV whose weights reach shared memory through Hopper's tensor copies (TMA), per warp,
+// instead of through registers (gemv_gptq.cu). Written (session 37) to answer whether a consumer fed from shared
+// memory keeps a 4-bit product's loop at least as fast as the register GEMV, whose bytes in flight the register
+// file bounds: on H100s a tie, on an H200 faster (gate/up alone 19.5 against 20.9 us; the decode step +1.8 to
+// +2.4%, session 40), so the model's decode step uses it for q/k/v and gate/up per channel where the memory
+// bandwidth is an H200's (CudaModelOptions::kTmaAuto). petrel_bench_gemv_cuda --tma times it beside the register
+// kernel, and tests/kernels_cuda_test.cc checks it against ref::matmul. gemv_tma.cu has the layout and the reasons.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,9 @@ struct GemvTmaOptions {
 };
 inline constexpr int kMaxGemvTmaStages = 6;
 
-// OK when gemv_gptq_tma reads `w`: 4-bit, per channel (one group), rows a multiple of 4, cols a multiple of 32,
-// qweight 16-byte aligned.
+// OK when gemv_gptq_tma reads `w`: 4-bit, per channel (one group) or in groups of a multiple of 128 inputs whose
+// zeros are all one value (DeviceGptqMatrix::uniform_zero: a symmetric grid), rows a multiple of 4, cols a multiple
+// of 32, qweight 16-byte aligned.
 Status gemv_gptq_tma_supports(const DeviceGptqMatrix& w);
 
 // y[w.rows] += dequant(W) x[w.cols] on `stream` (float atomic adds: y must hold zeros, or what the product is
