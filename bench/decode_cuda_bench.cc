@@ -63,6 +63,7 @@
 //                     the device decides (CudaModelOptions::kTmaAuto: 1 and 1 on an H200, the label says so), and
 //                     "-tmaq0-tmag0" is the register GEMVs
 //                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1
+//                     "-tmaoS" (before "-tmadS"): o likewise (added into the residual), e.g. fused-tmao1-tmaq1-tmag1
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
 //   any of them with "-lateQG" (before "-uz0"): q/k/v and gate/up each with that many of its batches of weight
@@ -292,6 +293,8 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   if (int64_t stages = 0; take_number_suffix(base, "-tmaq", 1, &stages)) o.decode_tma_qkv_stages = static_cast<int>(stages);
   // "-tmadS" (before any "-tmaqS"): down likewise (CudaModelOptions::decode_tma_down_stages).
   if (int64_t stages = 0; take_number_suffix(base, "-tmad", 1, &stages)) o.decode_tma_down_stages = static_cast<int>(stages);
+  // "-tmaoS" (before any "-tmadS"): o likewise (CudaModelOptions::decode_tma_o_stages).
+  if (int64_t stages = 0; take_number_suffix(base, "-tmao", 1, &stages)) o.decode_tma_o_stages = static_cast<int>(stages);
   // "-uz0" / "-uz1" (after any "-ctxN"): group 128's uniform-zeros build off / on (CudaModelOptions::
   // decode_uniform_zeros; off: the general build, which loads and decodes every group's zeros), e.g. fused-uz0.
   if (int64_t uz = 0; take_number_suffix(base, "-uz", 1, &uz)) {

@@ -1,7 +1,8 @@
 // petrel_bench_gemv_cuda: the CUDA W4A16 GEMV on Llama-3.1-8B's decode shapes, against the device's own
 // copy bandwidth measured in the same run.
 //
-//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]
+//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N]
+//                          [--json FILE] [--shapes RxC[:G],...]
 //
 // For each shape: random GPTQ tensors (speed does not depend on the values), checked once against
 // ref::matmul (x rounded to fp16, as the tensor-core kernel multiplies it); then the median over --reps of
@@ -10,10 +11,12 @@
 // device memory, not the 50-60 MB L2. GB/s counts the weight bytes (qweight, scales, zeros) over the time;
 // "% copy" compares that with a device-to-device cudaMemcpy of 1 GiB, counting its bytes read plus written.
 // --l2-hot reads one copy each call (from L2 where it fits: what the kernel does when memory is not the limit).
+// --uniform-zeros gives every group the zero of a symmetric grid (what `petrel quantize` writes by default), so
+// that group-128 shapes run the kernels' uniform-zeros builds, as the decode step does (random zeros otherwise).
 // --sweep also times the tensor-core kernel at fixed k_splits, to check the planner's choice. --shapes replaces
 // the Llama shapes with 4-bit rows x cols matrices (":128" for group 128), e.g. to see how a GEMV's time
 // follows its grid: 28672x4096 is 448 blocks of 64 steps, 33792x3456 the same bytes in 528 blocks of 54.
-// --tma S,... (4-bit per-channel shapes) also times the tensor-copy-fed GEMV (gemv_tma.h) with S stages a warp,
+// --tma S,... (4-bit per-channel shapes, and group shapes with --uniform-zeros) also times the tensor-copy-fed GEMV (gemv_tma.h) with S stages a warp,
 // and beside it the tensor-core kernel with atomic split-K sums (the decode step's epilogue, which gemv_tma has):
 // both add into y, so their rows compare loops and first loads, not epilogues. --tma-splits K,... gives gemv_tma
 // those input slices (0, the default: the planner's, as the tensor-core kernel).
@@ -62,7 +65,7 @@ struct Shape {
 };
 
 // Random GPTQ tensors of the right shape, packed as quant::pack_gptq would (v1 zeros).
-quant::GptqTensors random_gptq(const Shape& s, std::mt19937& rng) {
+quant::GptqTensors random_gptq(const Shape& s, std::mt19937& rng, bool uniform_zeros) {
   quant::GptqTensors t;
   t.bits = s.bits;
   t.rows = s.rows;
@@ -77,6 +80,12 @@ quant::GptqTensors random_gptq(const Shape& s, std::mt19937& rng) {
   std::uniform_real_distribution<float> scale(0.002f, 0.02f);
   for (int32_t& w : t.qweight) w = static_cast<int32_t>(word(rng));
   for (int32_t& w : t.qzeros) w = static_cast<int32_t>(word(rng));
+  if (uniform_zeros) {  // zero 2^(bits-1), stored minus zero_offset, in every packed field
+    const uint32_t stored = (1u << (s.bits - 1)) - 1;
+    uint32_t packed = 0;
+    for (int i = 0; i < 32; i += s.bits) packed |= stored << i;
+    for (int32_t& w : t.qzeros) w = static_cast<int32_t>(packed);
+  }
   for (uint16_t& h : t.scales) h = f32_to_f16(scale(rng));
   return t;
 }
@@ -122,6 +131,7 @@ int main(int argc, char** argv) {
   int reps = 30, calls = 50;
   bool sweep = false;
   bool l2_hot = false;  // --l2-hot: one copy of the weights, so that calls read them from L2 where they fit
+  bool uniform_zeros = false;  // --uniform-zeros: the zeros of a symmetric grid
   std::vector<int> tma_stages;  // --tma: gemv_tma's stages a warp to time
   std::vector<int> tma_splits = {0};  // --tma-splits: and its input slices (0: the planner's)
   std::string json_path;
@@ -142,6 +152,7 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--sweep") sweep = true;
     else if (arg == "--l2-hot") l2_hot = true;
+    else if (arg == "--uniform-zeros") uniform_zeros = true;
     else if (arg == "--tma" && i + 1 < argc) {
       for (const std::string& item : petrel::bench::split_list(argv[++i])) {
         const int stages = std::atoi(item.c_str());
@@ -159,7 +170,7 @@ int main(int argc, char** argv) {
     else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
+      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
                    argv[0]);
       return 2;
     }
@@ -212,7 +223,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(5);
   for (const Shape& s : custom.empty() ? llama_shapes : custom) {
-    const quant::GptqTensors host = random_gptq(s, rng);
+    const quant::GptqTensors host = random_gptq(s, rng, uniform_zeros);
     const ref::GptqMatrix hm = host.view();
     auto first = take(cuda::DeviceGptqWeights::upload(hm), "upload");
     const int64_t weight_bytes = first.view().weight_bytes();
@@ -314,7 +325,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!json_path.empty()) {
-    nlohmann::json doc = {{"device", dev.name}, {"copy_gbs", copy_gbs}, {"read_gbs", read_gbs}, {"reps", reps}, {"calls", calls}, {"l2_hot", l2_hot},
+    nlohmann::json doc = {{"device", dev.name}, {"copy_gbs", copy_gbs}, {"read_gbs", read_gbs}, {"reps", reps}, {"calls", calls}, {"l2_hot", l2_hot}, {"uniform_zeros", uniform_zeros},
                           {"results", results}};
     std::ofstream(json_path) << doc.dump(2) << "\n";
   }

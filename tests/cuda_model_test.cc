@@ -418,6 +418,8 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   expect_close(tma, "q/k/v and gate/up by tensor copies");
   tma.decode_tma_down_stages = 2;  // and down (SiLU * up input, the grid of slices)
   expect_close(tma, "q/k/v, gate/up and down by tensor copies");
+  tma.decode_tma_o_stages = 1;  // and o (added into the residual)
+  expect_close(tma, "every product by tensor copies");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

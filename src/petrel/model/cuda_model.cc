@@ -412,7 +412,13 @@ struct CudaModel::State {
       }
       cuda::GemvFusion add_to_residual;
       add_to_residual.residual = residual;
-      if (!(skip & CudaModelOptions::kSkipO)) {
+      const cuda::GemvTmaOptions tma_o = tma_for(options.decode_tma_o_stages, options.decode_splits.o, {&w.o_proj.quantized.view()});
+      if (!(skip & CudaModelOptions::kSkipO) && tma_o.stages > 0) {
+        const cuda::ScopedLaunchCarveout carveout(carveouts.o);
+        const cuda::GemvGroupMember o_proj[] = {{&w.o_proj.quantized.view(), residual}};  // the sums added into the residual
+        PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(o_proj, attn.as<float>(), gemv_workspace.multiprocessors(), s, tma_o,
+                                                           clearing(cuda::GemvFusion{}, gate, c.intermediate_size)));
+      } else if (!(skip & CudaModelOptions::kSkipO)) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.o);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq(w.o_proj.quantized.view(), attn.as<float>(), residual, gemv_workspace, s,
                                                for_phase(atomic, options.decode_splits.o, options.decode_l2_prefetch.o),

@@ -149,6 +149,7 @@ struct CudaModelOptions {
   int decode_tma_gate_up_stages = kTmaAuto;
   int decode_tma_qkv_stages = kTmaAuto;
   int decode_tma_down_stages = 0;  // down likewise (SiLU * up input; "-tmadS"; H100, session 38: -5.7%; H200 -3 to -5%)
+  int decode_tma_o_stages = 0;     // o likewise (added into the residual; "-tmaoS"; session 40)
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
