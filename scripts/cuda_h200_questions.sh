@@ -1,46 +1,50 @@
 #!/bin/bash
 # Device-side: the decode-step questions only an H200 answers (issue 6's tg128 target is set there, and since
-# session 34 every call but a few got an H100). Run tool: command `bash scripts/cuda_h200_questions.sh`, carry
+# session 34 most calls got an H100). Run tool: command `bash scripts/cuda_h200_questions.sh`, carry
 # [".gl/pkg.tar.xz"], after `sh scripts/cuda_pack.sh build`. On any GPU: the tensor-copy and fused-step tests. On
 # an H200 only, by default:
-#   A. the tensor-copy GEMV (gemv_tma) against the register GEMV, alone (--tma) and in the step (-tmagS, -tmaqS,
-#      -tmadS); the 4-bit GEMV from L2 against from memory (--l2-hot); a block timeline of the default step;
-#      session 35's capped builds (-late00-uz0) per channel and at group 128;
+#   A. (session 40's open items) group 128 through the tensor-copy GEMV (gemv_tma's grouped build, new in session
+#      40, not yet run on a GPU): alone (--uniform-zeros --tma) and in the step (-tmaq1-tmag1 at --group 128); o
+#      through it (-tmao1); the per-channel default (tensor copies on an H200: CudaModelOptions::kTmaAuto) against
+#      the register step (-tmaq0-tmag0); a block timeline at group 128 (gemv_tma has no timeline stamps: its
+#      launches are not in the CSV);
 #   B. the step's knobs tuned on H100s in sessions 28-35 (carveout, L2 prefetch per product, splits, late batches)
-#      swept per channel and at group 128, each against `fused` in the same run.
+#      swept per channel and at group 128, each against `fused` in the same run (answered in session 40: they
+#      hold; rerun after a change to the step).
 # Each section's output goes to $OUT (OUT as cuda_unpack.sh sets it) and is packed into $OUT/all.tgz at the end
-# (the run tool returns at most 8 files). docs/PERFORMANCE.md, "session 39", says what each answer would decide.
+# (the run tool returns at most 8 files). docs/PERFORMANCE.md, "session 40", says what each answer would decide;
+# session 39's section A (the tensor-copy GEMV against the register one per channel) is answered there.
 #   C (any GPU, only when named: answered on an H100 in session 39, slower): gate/up's blocks resident during
 #      attention and o (o in 8 slices, 100% carveout), with tensor-copy stages asked for before their wait.
-# SECTIONS=AC (say) runs those sections (default AB); the H200 check applies to A and B.
+# SECTIONS=AC (say) runs those sections (default A; B when named); the H200 check applies to A and B.
 set -u
 . scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
-SECTIONS=${SECTIONS:-AB}
+SECTIONS=${SECTIONS:-A}
 nvidia-smi -L
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
+$P doctor 2>&1 | grep -A2 "^gpus"  # the peak memory bandwidth the tensor-copy default reads
 h200=0; nvidia-smi -L | grep -q H200 && h200=1
 t0=$(date +%s)
 at() { echo "== $1 at $(( $(date +%s) - t0 )) s"; }
 DECODE="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0"  # word-split on purpose below
 
-$B/petrel_tests --gtest_filter='*GemvTma*:*FusedStep*' > $OUT/tests.log 2>&1
+$B/petrel_tests --gtest_filter='*GemvTma*:*FusedStep*:*TensorCopy*' > $OUT/tests.log 2>&1
 echo "tests rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" $OUT/tests.log | head
 
 if [ $h200 = 1 ] && [[ $SECTIONS == *A* ]]; then
-  at "A: gemv alone"
-  timeout 150 $B/petrel_bench_gemv_cuda --reps 10 --calls 40 --tma 1,2,3 --tma-splits 0,1 \
-    --shapes 28672x4096,4096x14336,6144x4096 > $OUT/a_gemv_tma.md 2>&1; tail -20 $OUT/a_gemv_tma.md
-  for hot in "" --l2-hot; do
-    timeout 60 $B/petrel_bench_gemv_cuda --reps 10 --calls 40 $hot --shapes 28672x1024,28672x2048,28672x4096,4096x14336 2>&1 |
-      tee -a $OUT/a_gemv_l2.md | grep -E "^. [0-9]|l2-hot|copy" | head -12
-  done
+  # Session 40's open items: group 128 through the tensor-copy GEMV (alone, then in the step; off by default until
+  # this says so), o through it, and the per-channel default (tensor copies on an H200) against the register step.
+  at "A: gemv alone at group 128"
+  timeout 60 $B/petrel_bench_gemv_cuda --reps 10 --calls 40 --uniform-zeros --tma 1,2 \
+    --shapes 28672x4096:128,6144x4096:128,4096x4096:128,4096x14336:128,4096x4096 > $OUT/a_gemv_g128.md 2>&1
+  grep -E "^. [0-9]|copy" $OUT/a_gemv_g128.md
   at "A: the step"
-  timeout 200 $DECODE --group -1 --reps 3 --variants fused,fused-tmaq1-tmag1,fused-tmag1,fused-tmad1,fused-tmad1-tmaq1-tmag1,fused-carve100,fused-carve100-tmag2,fused,fused-tmaq1-tmag1 \
-    > $OUT/a_step_tma.md 2>&1; tail -14 $OUT/a_step_tma.md
-  timeout 60 $DECODE --group -1 --reps 1 -n 16 --variants fused --timeline $OUT/a_timeline.csv > /dev/null 2>&1
-  python3 scripts/timeline_report.py $OUT/a_timeline.csv --blocks > $OUT/a_timeline.md 2>&1; head -40 $OUT/a_timeline.md
-  timeout 150 $DECODE --group -1,128 --reps 3 --variants fused,fused-late00-uz0,fused,fused-late00-uz0 > $OUT/a_s35.md 2>&1
-  tail -12 $OUT/a_s35.md
+  timeout 100 $DECODE --group 128 --reps 3 --variants fused,fused-tmaq1-tmag1,fused-tmag1,fused-tmao1-tmaq1-tmag1,fused-tmad1-tmaq1-tmag1,fused,fused-tmaq1-tmag1 \
+    > $OUT/a_step_g128.md 2>&1; grep -E "^. fused|unknown" $OUT/a_step_g128.md
+  timeout 80 $DECODE --group -1 --reps 3 --variants fused,fused-tmaq0-tmag0,fused-tmao1,fused,fused-tmaq0-tmag0,fused-tmao1 \
+    > $OUT/a_step_pc.md 2>&1; grep -E "^. fused|unknown" $OUT/a_step_pc.md
+  timeout 60 $DECODE --group 128 --reps 1 -n 16 --variants fused,fused-tmaq1-tmag1 --timeline $OUT/a_timeline.csv > /dev/null 2>&1
+  python3 scripts/timeline_report.py $OUT/a_timeline.csv --blocks > $OUT/a_timeline.md 2>&1; head -30 $OUT/a_timeline.md
 fi
 
 if [[ $SECTIONS == *C* ]]; then

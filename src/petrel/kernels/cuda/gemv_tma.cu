@@ -367,9 +367,10 @@ Status gemv_gptq_tma_supports(const DeviceGptqMatrix& w) {
     return text;
   };
   if (w.bits != 4) return unsupported("gemv_gptq_tma: 4-bit weights only, not " + std::to_string(w.bits) + "-bit");
-  if (w.group_size != w.cols && (w.group_size <= 0 || w.group_size % 128 != 0 || w.uniform_zero < 0)) {
-    return unsupported("gemv_gptq_tma: per-channel weights, or groups of a multiple of 128 inputs with one zero for all "
-                       "(a symmetric grid) only; group size " + std::to_string(w.group_size) +
+  if (w.group_size != w.cols &&
+      (w.group_size <= 0 || w.group_size % 128 != 0 || w.cols % w.group_size != 0 || w.uniform_zero < 0)) {
+    return unsupported("gemv_gptq_tma: per-channel weights, or groups of a multiple of 128 inputs that divides cols with "
+                       "one zero for all (a symmetric grid) only; group size " + std::to_string(w.group_size) +
                        (w.uniform_zero < 0 ? ", zeros varying" : ""));
   }
   if (w.rows <= 0 || w.rows % 4 != 0) return invalid_argument("gemv_gptq_tma: rows must be a positive multiple of 4, got " + shape());
