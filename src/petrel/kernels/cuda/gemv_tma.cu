@@ -18,11 +18,12 @@
 // Measured (docs/PERFORMANCE.md, session 37; H100s, where both kernels are memory-bound): alone a tie with the
 // register kernel (gate/up 23.9-24.2 against 23.7 us), one stage streaming as well as three; in the decode step a
 // tie where every block fits an SM (q/k/v and gate/up through it, -0.3%), -7 to -12% where stages cost blocks an
-// SM at the step's 60% carveout; down (SiLU * up input, session 38) -5.7% in the step. On an H200 (session 40), whose
-// register loop runs below its copy bandwidth: alone faster (gate/up 19.5 against 20.9 us, q/k/v 6.8 against 7.3),
-// one stage best (two 20.5, three 21.9); in the step q/k/v and gate/up through it +1.8 to +2.4% per channel. A balanced grid (every warp an equal range of 32-row x 8-step
-// units, each block staging all of x) lost 12% in the step and 17-62% alone (session 38, H100; branch
-// experiment/tma-balanced): its per-block staging and per-warp row changes cost more than the uneven SMs.
+// SM at the step's 60% carveout; down (SiLU * up input, session 38) -5.7% in the step. On an H200 (session 40),
+// whose register loop runs below its copy bandwidth: alone faster (gate/up 19.5 against 20.9 us, q/k/v 6.8 against
+// 7.3), one stage best (two 20.5, three 21.9); in the step q/k/v and gate/up through it +1.8 to +2.4% per channel.
+// A balanced grid (every warp an equal range of 32-row x 8-step units, each block staging all of x) lost 12% in
+// the step and 17-62% alone (session 38, H100; branch experiment/tma-balanced): its per-block staging and per-warp
+// row changes cost more than the uneven SMs.
 //
 // Shared-memory layout of a stage: the copy writes word row r (128 bytes: rows 0..31 of the warp, 4 bytes
 // each) with the 128-byte swizzle (16-byte chunk c of row r lands at chunk c ^ (r % 8); the buffer is 1024-byte
