@@ -867,11 +867,7 @@ __device__ __forceinline__ void gemv_gptq_tensor_core_body(const GemvArgs& a) {
       const int zero_shift = kBits == 4 ? 4 * static_cast<int>(v.row % 8) : 0;  // 4-bit zeros pack 8 rows a word
       zero_biases<kBits>(raw_zeros >> zero_shift, zero_bias_bases(v.m.zero_offset), bias_low, bias_high);
     }
-    const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
-    }
+    decode_scales(raw_scales, scale);
   };
   decode_params();
 

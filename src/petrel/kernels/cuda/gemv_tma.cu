@@ -144,13 +144,6 @@ __device__ __forceinline__ void stage_steps(const uint4 (&w)[kStageSteps], const
   }
 }
 
-// 4 rows' fp16 scales (two packed words) as floats.
-__device__ __forceinline__ void decode_scales(uint2 raw, float (&scale)[4]) {
-  const uint32_t packed[2] = {raw.x, raw.y};
-#pragma unroll
-  for (int r = 0; r < 4; ++r) scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
-}
-
 // A stage's 8 steps into the accumulators, then promoted into `total` (every stage: 8 steps, gemv_gptq's
 // kPromoteSteps; per-channel scales).
 __device__ __forceinline__ void compute_stage(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
@@ -183,11 +176,7 @@ __device__ __forceinline__ void load_stage_scales(const uint16_t* row_scales, in
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int step = chunk * kStageSteps + 4 * h;  // within the slice
-    raw[h] = make_uint2(0, 0);
-    if (row_ok && step < steps) {
-      const int64_t group = (first_step + step) / group_steps;
-      raw[h] = __ldg(reinterpret_cast<const uint2*>(row_scales + group * rows));
-    }
+    raw[h] = load_raw_scales(row_scales + (first_step + step) / group_steps * rows, row_ok && step < steps);
   }
 }
 

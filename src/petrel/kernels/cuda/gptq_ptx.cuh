@@ -131,6 +131,13 @@ __device__ __forceinline__ uint2 load_raw_scales(const uint16_t* scales_at, bool
   return wanted ? __ldg(reinterpret_cast<const uint2*>(scales_at)) : make_uint2(0, 0);
 }
 
+// The 4 rows' fp16 scales of load_raw_scales (two packed words) as floats.
+__device__ __forceinline__ void decode_scales(uint2 raw, float (&scale)[4]) {
+  const uint32_t packed[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
+}
+
 // The raw scales as load_raw_scales, and the zeros word (at `zeros_at`) of a thread's rows; zeros when not `wanted`.
 __device__ __forceinline__ void load_raw_params(const uint16_t* scales_at, const int32_t* zeros_at, bool wanted,
                                                 uint2& scales, uint32_t& zeros) {

@@ -400,11 +400,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) resident_gemv_chain
     };
     auto decode_params = [&] {
       zero_biases<4>(raw_zeros >> (4 * static_cast<int>(row % 8)), zero_bias_bases(m.zero_offset), bias_low, bias_high);
-      const uint32_t packed[2] = {raw_scales.x, raw_scales.y};
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        scale[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(packed[r / 2] >> (16 * (r % 2)))));
-      }
+      decode_scales(raw_scales, scale);
     };
     decode_params();
     auto next_group = [&](int s) {
