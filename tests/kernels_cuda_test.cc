@@ -1153,6 +1153,63 @@ TEST(KernelsCuda, TimelineRecordsEveryBlockOfAGemv) {
   for (int b = 0; b < 32; ++b) EXPECT_TRUE(seen[b]) << "block " << b;
 }
 
+// The same for the tensor-copy GEMV (gemv_tma.cu's timeline twin): one record a block with gemv_gptq's kind and
+// stamps in order (t4 the RMSNorm input's sum of squares), the sums those of the product's kernel.
+TEST(KernelsCuda, TimelineRecordsEveryBlockOfATensorCopyGemv) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto devices = cuda::list_devices();
+  ASSERT_TRUE(devices.ok());
+  if ((*devices)[0].compute_major < 9) GTEST_SKIP() << "tensor copies need compute capability 9.0";
+  std::mt19937 rng(41);
+  const TestGptq m = make_gptq(rng, 1000, 2048, 4, -1, false);
+  const std::vector<float> x = random_floats(rng, 2048), norm = random_floats(rng, 2048);
+  cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4), norm_dev = to_device(norm.data(), norm.size() * 4);
+  auto y = cuda::DeviceBuffer::allocate(1000 * 4), y_timed = cuda::DeviceBuffer::allocate(1000 * 4);
+  auto records = cuda::DeviceBuffer::allocate(4096 * cuda::kTimelineWords * 4), count = cuda::DeviceBuffer::allocate(4);
+  ASSERT_TRUE(y.ok() && y_timed.ok() && records.ok() && count.ok());
+  ASSERT_TRUE(count->fill_bytes(0).ok() && y->fill_bytes(0).ok() && y_timed->fill_bytes(0).ok());
+  cuda::GemvTmaOptions options;
+  options.k_splits = 1;  // one slice a row tile: the same sums in the same order, bit for bit
+  options.stages = 1;
+  cuda::GemvFusion fusion;
+  fusion.input = cuda::GemvInput::kRmsNorm;
+  fusion.norm_weight = cuda::DeviceVector{DType::kF32, 2048, norm_dev.data()};
+  fusion.norm_eps = 1e-5f;
+  const cuda::GemvGroupMember member{&m.device.view(), y->as<float>()}, timed{&m.device.view(), y_timed->as<float>()};
+  const int multiprocessors = (*devices)[0].multiprocessors;
+  ASSERT_TRUE(cuda::gemv_gptq_tma_grouped({&member, 1}, x_dev.as<float>(), multiprocessors, nullptr, options, fusion).ok());
+  const cuda::TimelineRing ring{records->as<uint32_t>(), count->as<uint32_t>(), 4096};
+  cuda::set_timeline(&ring);
+  const Status st = cuda::gemv_gptq_tma_grouped({&timed, 1}, x_dev.as<float>(), multiprocessors, nullptr, options, fusion);
+  cuda::set_timeline(nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(download_floats(*y_timed, 1000), download_floats(*y, 1000));
+  std::vector<uint32_t> n(1);
+  ASSERT_TRUE(cuda::synchronize().ok());
+  ASSERT_TRUE(count->download(n.data(), 4).ok());
+  ASSERT_EQ(n[0], 8u) << "8 row tiles x 1 slice";
+  std::vector<uint32_t> words(n[0] * cuda::kTimelineWords);
+  ASSERT_TRUE(records->download(words.data(), words.size() * 4).ok());
+  std::vector<bool> seen(8, false);
+  for (uint32_t i = 0; i < n[0]; ++i) {
+    const uint32_t* r = words.data() + i * cuda::kTimelineWords;
+    EXPECT_EQ(r[0], static_cast<uint32_t>(reinterpret_cast<uintptr_t>(m.device.view().qweight)));
+    EXPECT_EQ(r[1] & 0xFFFFu, 0x41u) << "4-bit, RMSNorm input";
+    const uint32_t block = r[2] & 0xFFFFu;
+    ASSERT_LT(block, 8u);
+    seen[block] = true;
+    EXPECT_EQ(r[2] >> 16, 64u) << "2048 inputs = 256 words = 64 steps";
+    EXPECT_LE(r[8], r[4]) << "t5, the stages asked for, before t1, past the wait";
+    EXPECT_LE(r[4], r[7]) << "t1 before t4, the sum of squares";
+    EXPECT_LE(r[7], r[5]) << "t4 before t2, x staged";
+    EXPECT_LE(r[5], r[6]) << "t2 before t3, out of the loop";
+    EXPECT_LE(r[6], r[11]);
+    EXPECT_LT(r[11], 1000000u) << "a block of a small GEMV takes well under a millisecond";
+    for (int k : {9, 10}) EXPECT_EQ(r[k], 0xFFFFFFFFu) << "stamp " << k - 3 << ": attention's";
+  }
+  for (int b = 0; b < 8; ++b) EXPECT_TRUE(seen[b]) << "block " << b;
+}
+
 // The batch kernels (prompt chunks of up to 32 tokens through the GEMV): every token's row against
 // ref::matmul on that row rounded to fp16, and bit for bit against the vector kernel on the same row with the
 // same k_splits; grouped members, SiLU*up input, the residual epilogue, several row tiles per block, and

@@ -51,6 +51,7 @@
 #include "petrel/kernels/cuda/gemv_tma.h"
 #include "petrel/kernels/cuda/gptq_ptx.cuh"
 #include "petrel/kernels/cuda/programmatic_launch.cuh"
+#include "petrel/kernels/cuda/timeline.cuh"
 
 namespace petrel::cuda {
 
@@ -93,6 +94,8 @@ struct TmaArgs {
   int steps_per_split, total_steps, stages, prewait_stages;
   int group_steps;  // the grouped build: steps a group (a multiple of 4; slices start at multiples of 4 steps)
   int late_dependents;  // GemvTmaOptions::late_dependents
+  const void* tag;       // the first member's qweight: the timeline's tag of this launch (as gemv_gptq's)
+  TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
 };
 
 struct TmaMaps {
@@ -205,10 +208,19 @@ __device__ __forceinline__ void clear_vectors(const TmaArgs& a, int64_t b, int64
 }
 
 // kGrouped: weights in groups of a multiple of 128 inputs whose zeros are all one value (TmaPart::uniform_zero);
-// otherwise per channel.
-template <GemvInput kInput, bool kGrouped>
+// otherwise per channel. kTimeline: thread 0 stamps the block's phases into a.timeline (timeline.h; the same
+// points and record kind as gemv_gptq's vector kernels, so timeline_report.py reads both: t5 the stages asked
+// for before the wait, t1 past the wait, t4 the sum of squares, t2 x staged, t3 out of the loop, t8 the end).
+template <GemvInput kInput, bool kGrouped, bool kTimeline>
 __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constant__ TmaMaps maps, const TmaArgs a) {
   constexpr bool kNorm = kInput == GemvInput::kRmsNorm;
+  uint64_t stamps[kTimelineStamps] = {};
+  auto stamp = [&](int i) {
+    if constexpr (kTimeline) {
+      if (threadIdx.x == 0) stamps[i] = timeline_now();
+    }
+  };
+  stamp(0);
   if (!a.late_dependents) allow_dependent_launch();
   extern __shared__ uint8_t shared_raw[];
   uint8_t* const base = shared_raw + (kSwizzleAlign - shared_address(shared_raw) % kSwizzleAlign) % kSwizzleAlign;
@@ -266,7 +278,9 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
     cp_async_commit();
   }
 
+  stamp(5);
   wait_for_previous_kernel();
+  stamp(1);
   const float4* x4 = reinterpret_cast<const float4*>(a.x);
   float inv_rms = 1.0f;
   if constexpr (kNorm) {
@@ -284,6 +298,7 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
       sum = fmaf(v.w, v.w, sum);
     }
     inv_rms = inv_rms_after_copies(sum, a);
+    stamp(4);
   }
   // x of the slice in fp16, per word in fragment order {x0,x4},{x1,x5},{x2,x6},{x3,x7} (as gemv_gptq.cu).
   auto input4 = [&](int64_t j) {  // elements 4 j .. 4 j + 3 of the slice, the fused op applied
@@ -305,6 +320,7 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
     for (int c = a.prewait_stages; c < min(a.stages, chunks); ++c) refill(c, c);
   }
   __syncthreads();
+  stamp(2);
 
   uint32_t bias_low[4], bias_high[4];
   zero_biases<4>(raw_zeros >> (4 * static_cast<int>(row % 8)), zero_bias_bases(part.zero_offset), bias_low, bias_high);
@@ -332,6 +348,7 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
       compute_stage(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, scale, acc01, acc23, total);
     }
   }
+  stamp(3);
   if (a.late_dependents) allow_dependent_launch();
   if (quad_col == 0 && row_ok) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -341,6 +358,10 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
 #endif
   }
   clear_vectors(a, int64_t{blockIdx.y} * gridDim.x + blockIdx.x, int64_t{gridDim.x} * gridDim.y);
+  if constexpr (kTimeline) {
+    stamp(kTimelineStamps - 1);
+    if (threadIdx.x == 0) timeline_append(a.timeline, a.tag, 0x40u + static_cast<uint32_t>(kInput), static_cast<uint32_t>(steps), stamps);
+  }
 }
 
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
@@ -446,15 +467,20 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   args.group_steps = grouped ? static_cast<int>(w0.group_size / 32) : 0;
   args.stages = options.stages;
   args.late_dependents = options.late_dependents ? 1 : 0;
+  args.tag = w0.qweight;
+  const TimelineRing* timeline = active_timeline();
+  if (timeline) args.timeline = *timeline;
   args.prewait_stages = options.prewait_stages < 0 ? options.stages : std::min(options.prewait_stages, options.stages);
   const size_t shared = tma_shared_layout(options.stages, steps_per_split, norm ? weight_type_bytes(norm_type) : 0).bytes;
-  auto pick = [&](auto grouped_build) {
-    constexpr bool kGrouped = decltype(grouped_build)::value;
-    return norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm, kGrouped>
-           : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul, kGrouped>
-                                                 : gemv_tma_kernel<GemvInput::kPlain, kGrouped>;
+  auto pick = [&](auto grouped_build, auto timeline_build) {
+    constexpr bool kGrouped = decltype(grouped_build)::value, kTimeline = decltype(timeline_build)::value;
+    return norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm, kGrouped, kTimeline>
+           : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul, kGrouped, kTimeline>
+                                                 : gemv_tma_kernel<GemvInput::kPlain, kGrouped, kTimeline>;
   };
-  auto kernel = grouped ? pick(std::true_type{}) : pick(std::false_type{});
+  // The diagnostic twin (timeline.h) while a timeline is installed; the product's kernels carry none of it.
+  auto kernel = timeline ? (grouped ? pick(std::true_type{}, std::true_type{}) : pick(std::false_type{}, std::true_type{}))
+                         : (grouped ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{}));
   PETREL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                               "gemv_gptq_tma: " + std::to_string(shared) + " bytes of shared memory");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k_splits));
