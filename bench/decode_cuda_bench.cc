@@ -56,11 +56,12 @@
 //   any of them with "-ctxN" (last, before "-nograph"): a KV cache of N positions instead of 4096 (the fused
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 //   any of them with "-tmagS" (before "-ctxN"): gate/up through the tensor-copy-fed GEMV (gemv_tma.h), S stages of
-//                     4 KB in flight per warp (CudaModelOptions::decode_tma_gate_up_stages; per channel), e.g. fused-tmag3;
+//                     4 KB in flight per warp (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3;
 //                     "-tmagSP": P of them asked for before the wait, the rest once x is staged, e.g. fused-tmag30;
 //                     "-tmagSPD": D = 1 launches down only after gate/up's loop (late_dependents), e.g. fused-tmag221;
 //                     "-tmaqS" (before "-tmagS"): q/k/v past layer 0 likewise, e.g. fused-tmaq1-tmag1; without them
-//                     the device decides (CudaModelOptions::kTmaAuto: 1 and 1 on an H200, the label says so), and
+//                     the device decides (CudaModelOptions::kTmaAuto: 1 and 1 on an H200, and at group 128 on any
+//                     Hopper; the label says so), and
 //                     "-tmaq0-tmag0" is the register GEMVs
 //                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1
 //                     "-tmaoS" (before "-tmadS"): o likewise (added into the residual), e.g. fused-tmao1-tmaq1-tmag1

@@ -135,9 +135,9 @@ TEST(CudaModel, WithoutAGpuCreateSaysWhy) {
 }
 
 // The tensor-copy GEMVs' default (CudaModelOptions::kTmaAuto) follows the device's memory system: per channel one
-// stage on an H200's ~4.9 TB/s, the register GEMV on an H100 SXM's ~3.35 TB/s, before compute capability 9.0 (no
-// tensor copies), where the bandwidth is unknown and at group 128; an explicit setting is kept everywhere. No GPU
-// needed.
+// stage on an H200's ~4.9 TB/s, the register GEMV on an H100 SXM's ~3.35 TB/s and where the bandwidth is unknown;
+// group-wise weights one stage on any device with tensor copies; nothing before compute capability 9.0; an
+// explicit setting is kept everywhere. No GPU needed.
 TEST(CudaModel, TensorCopyGemvDefaultFollowsTheMemoryBandwidth) {
   constexpr int kAuto = CudaModelOptions::kTmaAuto;
   EXPECT_EQ(CudaModelOptions{}.decode_tma_qkv_stages, kAuto);
@@ -145,7 +145,10 @@ TEST(CudaModel, TensorCopyGemvDefaultFollowsTheMemoryBandwidth) {
   EXPECT_EQ(CudaModelOptions{}.decode_tma_down_stages, 0);
   const int64_t h200 = int64_t{2} * 3'201'000'000 * (6144 / 8), h100 = int64_t{2} * 2'619'000'000 * (5120 / 8);
   EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9, false), 1);
-  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9, true), 0);  // group 128: only when asked for
+  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9, true), 1);  // group 128: on both (session 41)
+  EXPECT_EQ(resolve_tma_stages(kAuto, h100, 9, true), 1);
+  EXPECT_EQ(resolve_tma_stages(kAuto, 0, 9, true), 1);
+  EXPECT_EQ(resolve_tma_stages(kAuto, h200, 8, true), 0);
   EXPECT_EQ(resolve_tma_stages(kAuto, h100, 9, false), 0);
   EXPECT_EQ(resolve_tma_stages(kAuto, h200, 8, false), 0);
   EXPECT_EQ(resolve_tma_stages(kAuto, 0, 9, false), 0);
@@ -407,10 +410,10 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   atomic.decode_atomic_reduce = true;  // split-K sums by atomics (all but layer 0's q/k/v): an order varying by run
   atomic.decode_tma_qkv_stages = atomic.decode_tma_gate_up_stages = 0;  // the register GEMVs on every GPU
   expect_close(atomic, "atomic split-K");
-  CudaModelOptions defaults = atomic;  // the tensor-copy GEMVs as the device decides (on an H200: one stage each)
+  CudaModelOptions defaults = atomic;  // the tensor-copy GEMVs as the device decides (H200: one stage each; g128: any Hopper)
   defaults.decode_tma_qkv_stages = defaults.decode_tma_gate_up_stages = CudaModelOptions::kTmaAuto;
   expect_close(defaults, "atomic split-K, tensor copies as the device decides");
-  CudaModelOptions tma = atomic;  // gate/up through the tensor-copy-fed GEMV (per channel; group 128 keeps the register one)
+  CudaModelOptions tma = atomic;  // gate/up through the tensor-copy-fed GEMV (per channel, or gemv_tma's grouped build)
   tma.decode_tma_gate_up_stages = 2;
   expect_close(tma, "gate/up by tensor copies");
   tma.decode_tma_qkv_stages = 1;  // and q/k/v past layer 0

@@ -1260,7 +1260,8 @@ const CudaModelOptions& CudaModel::options() const { return state_->options; }
 
 int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute_major, bool grouped_weights) {
   if (requested != CudaModelOptions::kTmaAuto) return requested;
-  return !grouped_weights && compute_major >= 9 && peak_memory_bandwidth >= CudaModelOptions::kTmaAutoMinBandwidth ? 1 : 0;
+  if (compute_major < 9) return 0;  // no tensor copies
+  return grouped_weights || peak_memory_bandwidth >= CudaModelOptions::kTmaAutoMinBandwidth ? 1 : 0;
 }
 
 int CudaModel::max_top_k(const LlamaConfig& config) {

@@ -136,12 +136,14 @@ struct CudaModelOptions {
   // The fused step's gate/up (and q/k/v, past layer 0) products through cuda::gemv_gptq_tma_grouped (weights
   // brought into shared memory by tensor copies, this many 4 KB stages in flight per warp) instead of the register
   // GEMV. With atomic split-K only, per channel or in groups of a multiple of 128 inputs with uniform zeros
-  // (gemv_gptq_tma_supports); elsewhere, and at 0, the register GEMV. kTmaAuto (the default): one stage each for
-  // per-channel weights where the device's peak memory bandwidth is at least kTmaAutoMinBandwidth, else the
-  // register GEMV (resolve_tma_stages); group 128 only when asked for. Measured (docs/PERFORMANCE.md, sessions 37 and 40), 8B per channel, tg128: on an
-  // H200 (~4.9 TB/s peak, 4.2 copy) one stage for both +1.8 to +2.4% in four A/Bs (alone, gate/up's GEMV 19.5
-  // against the register kernel's 20.9 us), +2.2% after 1,000 positions, +3% after 2,000; two or three stages,
-  // down through it, other slices or carveouts lose; on H100s (~3.35 TB/s) a tie to -2.4%. The decode bench's
+  // (gemv_gptq_tma_supports); elsewhere, and at 0, the register GEMV. kTmaAuto (the default): one stage each on
+  // devices with tensor copies for group-wise weights, and for per-channel weights where the device's peak memory
+  // bandwidth is at least kTmaAutoMinBandwidth; else the register GEMV (resolve_tma_stages). Measured
+  // (docs/PERFORMANCE.md, sessions 37, 40 and 41), 8B, tg128: per channel on an H200 (~4.9 TB/s peak, 4.2 copy)
+  // one stage for both +1.8 to +2.4% in four A/Bs (alone, gate/up's GEMV 19.5 against the register kernel's 20.9
+  // us), +2.2% after 1,000 positions, +3% after 2,000; two or three stages, down through it, other slices or
+  // carveouts lose; on H100s (~3.35 TB/s) a tie to -2.4%. At group 128 (gemv_tma's grouped build, session 41) on
+  // an H100 +3.2% in two A/Bs (507.3 -> 523.4), +3.3% after 2,000 positions; either product alone less. The decode bench's
   // suffixes "-tmagS" and "-tmaqS" (0: the register GEMV; "-tmagSP": P of them before the wait; "-tmagSPD":
   // D = 1, late_dependents).
   static constexpr int kTmaAuto = -1;
@@ -266,10 +268,10 @@ GpuMemoryNeed gpu_memory_need(const LlamaModel& model, int64_t context_length, i
 // free of 139.80 GiB". create() runs it with cudaMemGetInfo's numbers before it uploads anything.
 Status check_gpu_memory(const GpuMemoryNeed& need, int64_t free_bytes, int64_t total_bytes, const std::string& device);
 // The tensor-copy GEMV stages a product of the fused step gets (CudaModelOptions::decode_tma_qkv_stages,
-// decode_tma_gate_up_stages): `requested` unless it is CudaModelOptions::kTmaAuto; auto: 1 for per-channel weights
-// on a device with tensor copies (compute capability 9.0 or later) whose peak memory bandwidth
-// (cuda::DeviceInfo::peak_memory_bandwidth, 0 unknown) is at least CudaModelOptions::kTmaAutoMinBandwidth, else 0
-// (the register GEMV; group-wise weights: `grouped_weights`).
+// decode_tma_gate_up_stages): `requested` unless it is CudaModelOptions::kTmaAuto; auto, on a device with tensor
+// copies (compute capability 9.0 or later): 1 for group-wise weights (`grouped_weights`), and for per-channel ones
+// where the peak memory bandwidth (cuda::DeviceInfo::peak_memory_bandwidth, 0 unknown) is at least
+// CudaModelOptions::kTmaAutoMinBandwidth; else 0 (the register GEMV).
 int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute_major, bool grouped_weights);
 
 class CudaModel {
