@@ -1105,6 +1105,48 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
   EXPECT_FALSE(cuda::gemv_gptq_tma(plain.device.view(), y->as<float>() + 512, y->as<float>(), multiprocessors, nullptr, too_deep).ok());
 }
 
+// The records in a timeline ring after one GEMV launch of `blocks` blocks (timeline.h's layout: tag, kind | sm,
+// block | steps, t0, then t1 t2 t3 t4 t5 t6 t7 t8 - t0): every block once, with the launch's tag (its qweight), the
+// kind and the steps a block; stamps in order, t5 (loads or stages asked for) <= t1 (past the wait) <= t2 (x staged;
+// RMSNorm inputs t4, the sum of squares, between) <= t3 (out of the loop) <= t8 (the end), well under a
+// millisecond; attention's t6 and t7 (and t4 without an RMSNorm input) not reached.
+void expect_gemv_records(const cuda::DeviceBuffer& records, const cuda::DeviceBuffer& count, uint32_t blocks,
+                         const void* qweight, uint32_t kind, uint32_t steps) {
+  constexpr uint32_t kNotReached = 0xFFFFFFFFu;
+  const bool norm = (kind & 0xFu) == static_cast<uint32_t>(cuda::GemvInput::kRmsNorm);
+  std::vector<uint32_t> n(1);
+  ASSERT_TRUE(cuda::synchronize().ok());
+  ASSERT_TRUE(count.download(n.data(), 4).ok());
+  ASSERT_EQ(n[0], blocks) << "one record a block";
+  std::vector<uint32_t> words(n[0] * cuda::kTimelineWords);
+  ASSERT_TRUE(records.download(words.data(), words.size() * 4).ok());
+  std::vector<bool> seen(blocks, false);
+  for (uint32_t i = 0; i < n[0]; ++i) {
+    const uint32_t* r = words.data() + i * cuda::kTimelineWords;
+    const uint32_t t1 = r[4], t2 = r[5], t3 = r[6], t4 = r[7], t5 = r[8], t8 = r[11];
+    EXPECT_EQ(r[0], static_cast<uint32_t>(reinterpret_cast<uintptr_t>(qweight)));
+    EXPECT_EQ(r[1] & 0xFFFFu, kind);
+    const uint32_t block = r[2] & 0xFFFFu;
+    ASSERT_LT(block, blocks);
+    EXPECT_FALSE(seen[block]) << "block " << block << " twice";
+    seen[block] = true;
+    EXPECT_EQ(r[2] >> 16, steps) << "input steps a block";
+    EXPECT_LE(t5, t1) << "t5, the block's loads issued, comes before t1, its wait done";
+    if (norm) {
+      EXPECT_LE(t1, t4) << "t1 before t4, the sum of squares";
+      EXPECT_LE(t4, t2) << "t4 before t2, x staged";
+    } else {
+      EXPECT_LE(t1, t2);
+      EXPECT_EQ(t4, kNotReached) << "t4: RMSNorm GEMVs' (and attention's)";
+    }
+    EXPECT_LE(t2, t3);
+    EXPECT_LE(t3, t8);
+    EXPECT_LT(t8, 1000000u) << "a block of a small GEMV takes well under a millisecond";
+    for (int k : {9, 10}) EXPECT_EQ(r[k], kNotReached) << "stamp " << k - 3 << ": attention's";
+  }
+  for (uint32_t b = 0; b < blocks; ++b) EXPECT_TRUE(seen[b]) << "block " << b;
+}
+
 // The block timeline (timeline.h): with a ring installed, a GEMV launch appends one record a block with its
 // stamps in order, and its result is unchanged; removed, nothing is appended.
 TEST(KernelsCuda, TimelineRecordsEveryBlockOfAGemv) {
@@ -1129,29 +1171,8 @@ TEST(KernelsCuda, TimelineRecordsEveryBlockOfAGemv) {
   ASSERT_TRUE(st.ok()) << st.to_string();
   ASSERT_TRUE(cuda::gemv_gptq(m.device.view(), x_dev.as<float>(), y_timed->as<float>(), *workspace, nullptr, options).ok());
   EXPECT_EQ(download_floats(*y_timed, 1000), download_floats(*y, 1000));
-  std::vector<uint32_t> n(1);
-  ASSERT_TRUE(cuda::synchronize().ok());
-  ASSERT_TRUE(count->download(n.data(), 4).ok());
-  ASSERT_EQ(n[0], 8u * 4u) << "8 row tiles x 4 slices";
-  std::vector<uint32_t> words(n[0] * cuda::kTimelineWords);
-  ASSERT_TRUE(records->download(words.data(), words.size() * 4).ok());
-  std::vector<bool> seen(32, false);
-  for (uint32_t i = 0; i < n[0]; ++i) {
-    const uint32_t* r = words.data() + i * cuda::kTimelineWords;
-    EXPECT_EQ(r[0], static_cast<uint32_t>(reinterpret_cast<uintptr_t>(m.device.view().qweight)));
-    EXPECT_EQ(r[1] & 0xFFFFu, 0x40u) << "4-bit, plain input";
-    const uint32_t block = r[2] & 0xFFFFu;
-    ASSERT_LT(block, 32u);
-    seen[block] = true;
-    EXPECT_EQ(r[2] >> 16, 16u) << "2048 inputs = 256 words = 64 steps over 4 slices";
-    EXPECT_LE(r[4], r[5]);
-    EXPECT_LE(r[5], r[6]);
-    EXPECT_LE(r[6], r[11]);
-    EXPECT_LT(r[11], 1000000u) << "a block of a small GEMV takes well under a millisecond";
-    EXPECT_LE(r[8], r[4]) << "t5, the block's loads issued, comes before t1, its wait done";
-    for (int k : {7, 9, 10}) EXPECT_EQ(r[k], 0xFFFFFFFFu) << "stamp " << k - 3 << ": attention's (t4 also RMSNorm GEMVs')";
-  }
-  for (int b = 0; b < 32; ++b) EXPECT_TRUE(seen[b]) << "block " << b;
+  // 8 row tiles x 4 slices; 2048 inputs = 256 words = 64 steps over 4 slices; 4-bit, plain input.
+  expect_gemv_records(*records, *count, 32, m.device.view().qweight, 0x40u, 16);
 }
 
 // The same for the tensor-copy GEMV (gemv_tma.cu's timeline twin): one record a block with gemv_gptq's kind and
@@ -1185,30 +1206,8 @@ TEST(KernelsCuda, TimelineRecordsEveryBlockOfATensorCopyGemv) {
   cuda::set_timeline(nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(download_floats(*y_timed, 1000), download_floats(*y, 1000));
-  std::vector<uint32_t> n(1);
-  ASSERT_TRUE(cuda::synchronize().ok());
-  ASSERT_TRUE(count->download(n.data(), 4).ok());
-  ASSERT_EQ(n[0], 8u) << "8 row tiles x 1 slice";
-  std::vector<uint32_t> words(n[0] * cuda::kTimelineWords);
-  ASSERT_TRUE(records->download(words.data(), words.size() * 4).ok());
-  std::vector<bool> seen(8, false);
-  for (uint32_t i = 0; i < n[0]; ++i) {
-    const uint32_t* r = words.data() + i * cuda::kTimelineWords;
-    EXPECT_EQ(r[0], static_cast<uint32_t>(reinterpret_cast<uintptr_t>(m.device.view().qweight)));
-    EXPECT_EQ(r[1] & 0xFFFFu, 0x41u) << "4-bit, RMSNorm input";
-    const uint32_t block = r[2] & 0xFFFFu;
-    ASSERT_LT(block, 8u);
-    seen[block] = true;
-    EXPECT_EQ(r[2] >> 16, 64u) << "2048 inputs = 256 words = 64 steps";
-    EXPECT_LE(r[8], r[4]) << "t5, the stages asked for, before t1, past the wait";
-    EXPECT_LE(r[4], r[7]) << "t1 before t4, the sum of squares";
-    EXPECT_LE(r[7], r[5]) << "t4 before t2, x staged";
-    EXPECT_LE(r[5], r[6]) << "t2 before t3, out of the loop";
-    EXPECT_LE(r[6], r[11]);
-    EXPECT_LT(r[11], 1000000u) << "a block of a small GEMV takes well under a millisecond";
-    for (int k : {9, 10}) EXPECT_EQ(r[k], 0xFFFFFFFFu) << "stamp " << k - 3 << ": attention's";
-  }
-  for (int b = 0; b < 8; ++b) EXPECT_TRUE(seen[b]) << "block " << b;
+  // 8 row tiles x 1 slice of 64 steps (2048 inputs = 256 words); 4-bit, RMSNorm input.
+  expect_gemv_records(*records, *count, 8, m.device.view().qweight, 0x41u, 64);
 }
 
 // The batch kernels (prompt chunks of up to 32 tokens through the GEMV): every token's row against
