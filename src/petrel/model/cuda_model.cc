@@ -387,7 +387,6 @@ struct CudaModel::State {
         tma.prewait_stages = options.decode_tma_prewait;
         tma.late_dependents = options.decode_tma_late_dependents;
         tma.l2_prefetch_stages = options.decode_tma_l2_stages;
-        tma.l2_prefetch_in_loop = options.decode_tma_l2_in_loop;
         tma.overlap_previous = overlap;
         return tma;
       };

@@ -155,7 +155,6 @@ struct CudaModelOptions {
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
   int decode_tma_l2_stages = 0;  // stages a warp asked into L2 before the wait (GemvTmaOptions::l2_prefetch_stages; "-tmalN")
-  bool decode_tma_l2_in_loop = false;  // and kept that far ahead in the loop (GemvTmaOptions::l2_prefetch_in_loop; "-tmalN1")
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

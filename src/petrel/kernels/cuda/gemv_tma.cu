@@ -95,7 +95,6 @@ struct TmaArgs {
   int group_steps;  // the grouped build: steps a group (a multiple of 4; slices start at multiples of 4 steps)
   int late_dependents;  // GemvTmaOptions::late_dependents
   int l2_prefetch_stages;  // GemvTmaOptions::l2_prefetch_stages
-  int l2_prefetch_in_loop;  // GemvTmaOptions::l2_prefetch_in_loop
   const void* tag;       // the first member's qweight: the timeline's tag of this launch (as gemv_gptq's)
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
 };
@@ -344,9 +343,6 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
     if (lane == 0 && c + a.stages < chunks) {
       fence_proxy_async_shared();
       refill(slot, c + a.stages);
-      if (a.l2_prefetch_in_loop && c + a.stages + a.l2_prefetch_stages < chunks) {
-        tensor_prefetch_l2(map, warp_row0, first_word + (c + a.stages + a.l2_prefetch_stages) * kStageWords);
-      }
     }
     if constexpr (kGrouped) {
       const uint2 raw[2] = {stage_scales[0], stage_scales[1]};
@@ -476,7 +472,6 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   args.stages = options.stages;
   args.late_dependents = options.late_dependents ? 1 : 0;
   args.l2_prefetch_stages = std::max(options.l2_prefetch_stages, 0);
-  args.l2_prefetch_in_loop = options.l2_prefetch_in_loop && args.l2_prefetch_stages > 0 ? 1 : 0;
   args.tag = w0.qweight;
   const TimelineRing* timeline = active_timeline();
   if (timeline) args.timeline = *timeline;

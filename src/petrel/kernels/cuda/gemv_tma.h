@@ -29,11 +29,8 @@ struct GemvTmaOptions {
   bool late_dependents = false;
   // Stages past the ring's first `stages` asked into L2 before the wait (tensor prefetches, no shared memory): with
   // one stage a warp, the memory would otherwise idle from the first stage's landing to the loop's start, while x
-  // is read and staged (session 41's question; 0: none). With l2_prefetch_in_loop, each refill in the loop also
-  // asks the stage that far past it into L2, so that many stages a warp stay in flight beyond the ring, bytes in
-  // flight that cost no shared memory (which bounds the blocks an SM beside the step's other kernels).
+  // is read and staged (session 41's question; 0: none).
   int l2_prefetch_stages = 0;
-  bool l2_prefetch_in_loop = false;
 };
 inline constexpr int kMaxGemvTmaStages = 6;
 
