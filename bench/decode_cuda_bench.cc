@@ -65,8 +65,6 @@
 //                     "-tmaq0-tmag0" is the register GEMVs
 //                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1
 //                     "-tmaoS" (before "-tmadS"): o likewise (added into the residual), e.g. fused-tmao1-tmaq1-tmag1
-//                     "-tmalN" (after them): N stages a warp past the ring asked into L2 before the wait, e.g.
-//                     fused-tmal2 (CudaModelOptions::decode_tma_l2_stages)
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
 //   any of them with "-lateQG" (before "-uz0"): q/k/v and gate/up each with that many of its batches of weight
@@ -277,11 +275,8 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
-  // "-tmalN" (after any "-ctxN", before "-tmagS"): every tensor-copy GEMV of the step asks N stages a warp past its
-  // ring into L2 before its wait (CudaModelOptions::decode_tma_l2_stages), e.g. fused-tmal2.
-  if (int64_t stages = 0; take_number_suffix(base, "-tmal", 1, &stages)) o.decode_tma_l2_stages = static_cast<int>(stages);
-  // "-tmagS" (after any "-tmalN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
-  // (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3.
+  // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
+  // (CudaModelOptions::decode_tma_gate_up_stages; per channel only), e.g. fused-tmag3.
   // "-tmagSP": P of the S stages asked for before the wait (CudaModelOptions::decode_tma_gate_up_prewait), e.g.
   // fused-tmag30; "-tmagSPD": D = 1, down launched after gate/up's loop (decode_tma_gate_up_late_dependents).
   if (const size_t at = base.rfind("-tmag"); at != std::string::npos) {

@@ -946,7 +946,6 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
         options.k_splits = k_splits;
         options.stages = stages;
         options.prewait_stages = k_splits == 5 ? 1 : -1;  // the rest asked for after x is staged
-        options.l2_prefetch_stages = k_splits == 1 ? 3 : 0;  // L2 prefetches past the ring change nothing computed
         const Status st = cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, options);
         if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.to_string();  // before compute capability 9.0
         ASSERT_TRUE(st.ok()) << st.to_string();

@@ -73,16 +73,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
-// The box at (inner coordinate c0, outer coordinate c1) of the 2D tensor `map` asked into L2, without shared
-// memory, a barrier or registers (a later tensor copy of the box then reads it from L2).
-__device__ __forceinline__ void tensor_prefetch_l2(const CUtensorMap* map, int c0, int c1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1)
-               : "memory");
-#endif
-}
-
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to this block's shared memory,
 // completing on `bar`.
 __device__ __forceinline__ void bulk_copy_to_shared(void* shared, const void* global, uint32_t bytes, uint64_t* bar) {

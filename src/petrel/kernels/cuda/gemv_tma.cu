@@ -94,7 +94,6 @@ struct TmaArgs {
   int steps_per_split, total_steps, stages, prewait_stages;
   int group_steps;  // the grouped build: steps a group (a multiple of 4; slices start at multiples of 4 steps)
   int late_dependents;  // GemvTmaOptions::late_dependents
-  int l2_prefetch_stages;  // GemvTmaOptions::l2_prefetch_stages
   const void* tag;       // the first member's qweight: the timeline's tag of this launch (as gemv_gptq's)
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
 };
@@ -256,9 +255,6 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
     for (int i = 0; i < a.stages; ++i) mbarrier_init(bars + i, 1);
     fence_barrier_init();
     for (int c = 0; c < min(a.prewait_stages, chunks); ++c) refill(c, c);
-    for (int c = a.stages; c < min(a.stages + a.l2_prefetch_stages, chunks); ++c) {
-      tensor_prefetch_l2(map, warp_row0, first_word + c * kStageWords);
-    }
   }
   const int64_t row = warp_row0 + 4 * quad_row;
   const bool row_ok = row < part.rows;
@@ -471,7 +467,6 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   args.group_steps = grouped ? static_cast<int>(w0.group_size / 32) : 0;
   args.stages = options.stages;
   args.late_dependents = options.late_dependents ? 1 : 0;
-  args.l2_prefetch_stages = std::max(options.l2_prefetch_stages, 0);
   args.tag = w0.qweight;
   const TimelineRing* timeline = active_timeline();
   if (timeline) args.timeline = *timeline;

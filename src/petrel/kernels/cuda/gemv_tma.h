@@ -27,10 +27,6 @@ struct GemvTmaOptions {
   // file with four); the question was whether their early loads hurt this loop: in the decode step a late launch
   // lost 11-13% (H100, session 37), so no.
   bool late_dependents = false;
-  // Stages past the ring's first `stages` asked into L2 before the wait (tensor prefetches, no shared memory): with
-  // one stage a warp, the memory would otherwise idle from the first stage's landing to the loop's start, while x
-  // is read and staged (session 41's question; 0: none).
-  int l2_prefetch_stages = 0;
 };
 inline constexpr int kMaxGemvTmaStages = 6;
 
