@@ -6,8 +6,8 @@
 #   A. (session 40's open items; on an H100 session 41 answered the group-128 ones: +3.2%, now the default there)
 #      group 128 through the tensor-copy GEMV (gemv_tma's grouped build): alone (--uniform-zeros --tma) and in the
 #      step (the default, CudaModelOptions::kTmaAuto, against the register GEMVs, -tmaq0-tmag0); o and down through
-#      it (-tmao1, -tmad1); the per-channel default (tensor copies on an H200) against the register step and with
-#      stages past the ring asked into L2 before the wait (-tmal1, -tmal2; session 41, not yet run); block
+#      it (-tmao1, -tmad1); the per-channel default (tensor copies on an H200) against the register step (on the
+#      branch experiment/tma-l2-prefetch also -tmal1, -tmal2, -tmal21: PERFORMANCE.md session 41); block
 #      timelines at group 128 and per channel (gemv_tma stamps them since session 41: the default and the register
 #      step side by side);
 #   B. the step's knobs tuned on H100s in sessions 28-35 (carveout, L2 prefetch per product, splits, late batches)
@@ -41,9 +41,9 @@ if [ $h200 = 1 ] && [[ $SECTIONS == *A* ]]; then
     --shapes 28672x4096:128,6144x4096:128,4096x4096:128,4096x14336:128,4096x4096 > $OUT/a_gemv_g128.md 2>&1
   grep -E "^. [0-9]|copy" $OUT/a_gemv_g128.md
   at "A: the step"
-  timeout 100 $DECODE --group 128 --reps 3 --variants fused,fused-tmaq0-tmag0,fused-tmal2,fused-tmao1,fused-tmad1,fused,fused-tmaq0-tmag0 \
+  timeout 100 $DECODE --group 128 --reps 3 --variants fused,fused-tmaq0-tmag0,fused-tmao1,fused-tmad1,fused,fused-tmaq0-tmag0 \
     > $OUT/a_step_g128.md 2>&1; grep -E "^. fused|unknown" $OUT/a_step_g128.md
-  timeout 90 $DECODE --group -1 --reps 3 --variants fused,fused-tmaq0-tmag0,fused-tmal1,fused-tmal2,fused,fused-tmaq0-tmag0,fused-tmal2 \
+  timeout 90 $DECODE --group -1 --reps 3 --variants fused,fused-tmaq0-tmag0,fused-tmao1,fused,fused-tmaq0-tmag0 \
     > $OUT/a_step_pc.md 2>&1; grep -E "^. fused|unknown" $OUT/a_step_pc.md
   timeout 60 $DECODE --group 128 --reps 1 -n 16 --variants fused,fused-tmaq0-tmag0 --timeline $OUT/a_timeline.csv > /dev/null 2>&1
   python3 scripts/timeline_report.py $OUT/a_timeline.csv --blocks > $OUT/a_timeline.md 2>&1; head -30 $OUT/a_timeline.md
