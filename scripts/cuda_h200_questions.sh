@@ -7,7 +7,7 @@
 #      group 128 through the tensor-copy GEMV (gemv_tma's grouped build): alone (--uniform-zeros --tma) and in the
 #      step (the default, CudaModelOptions::kTmaAuto, against the register GEMVs, -tmaq0-tmag0); o and down through
 #      it (-tmao1, -tmad1); the per-channel default (tensor copies on an H200) against the register step (on the
-#      branch experiment/tma-l2-prefetch also -tmal1, -tmal2, -tmal21: PERFORMANCE.md session 41); block
+#      commits 2581f40 and 9dcbb8e picked also -tmal2, -tmal21: PERFORMANCE.md session 41); block
 #      timelines at group 128 and per channel (gemv_tma stamps them since session 41: the default and the register
 #      step side by side);
 #   B. the step's knobs tuned on H100s in sessions 28-35 (carveout, L2 prefetch per product, splits, late batches)
