@@ -276,7 +276,7 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
-  // (CudaModelOptions::decode_tma_gate_up_stages; per channel only), e.g. fused-tmag3.
+  // (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3.
   // "-tmagSP": P of the S stages asked for before the wait (CudaModelOptions::decode_tma_gate_up_prewait), e.g.
   // fused-tmag30; "-tmagSPD": D = 1, down launched after gate/up's loop (decode_tma_gate_up_late_dependents).
   if (const size_t at = base.rfind("-tmag"); at != std::string::npos) {
