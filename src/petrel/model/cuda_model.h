@@ -143,9 +143,9 @@ struct CudaModelOptions {
   // one stage for both +1.8 to +2.4% in four A/Bs (alone, gate/up's GEMV 19.5 against the register kernel's 20.9
   // us), +2.2% after 1,000 positions, +3% after 2,000; two or three stages, down through it, other slices or
   // carveouts lose; on H100s (~3.35 TB/s) a tie to -2.4%. At group 128 (gemv_tma's grouped build, session 41) on
-  // an H100 +3.2% in two A/Bs (507.3 -> 523.4), +3.3% after 2,000 positions; either product alone less. The decode bench's
-  // suffixes "-tmagS" and "-tmaqS" (0: the register GEMV; "-tmagSP": P of them before the wait; "-tmagSPD":
-  // D = 1, late_dependents).
+  // an H100 +3.2% in two A/Bs (507.3 -> 523.4), +3.3% after 2,000 positions; either product alone less. The
+  // decode bench's suffixes "-tmagS" and "-tmaqS" (0: the register GEMV; "-tmagSP": P of them before the wait;
+  // "-tmagSPD": D = 1, late_dependents).
   static constexpr int kTmaAuto = -1;
   static constexpr int64_t kTmaAutoMinBandwidth = 4'000'000'000'000;  // bytes/s: the H200 on, H100s off
   int decode_tma_gate_up_stages = kTmaAuto;

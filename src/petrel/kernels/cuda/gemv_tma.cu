@@ -479,8 +479,10 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
                                                  : gemv_tma_kernel<GemvInput::kPlain, kGrouped, kTimeline>;
   };
   // The diagnostic twin (timeline.h) while a timeline is installed; the product's kernels carry none of it.
-  auto kernel = timeline ? (grouped ? pick(std::true_type{}, std::true_type{}) : pick(std::false_type{}, std::true_type{}))
-                         : (grouped ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{}));
+  auto pick_timeline = [&](auto grouped_build) {
+    return timeline ? pick(grouped_build, std::true_type{}) : pick(grouped_build, std::false_type{});
+  };
+  auto kernel = grouped ? pick_timeline(std::true_type{}) : pick_timeline(std::false_type{});
   PETREL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                               "gemv_gptq_tma: " + std::to_string(shared) + " bytes of shared memory");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k_splits));

@@ -31,8 +31,8 @@ struct GemvTmaOptions {
 inline constexpr int kMaxGemvTmaStages = 6;
 
 // OK when gemv_gptq_tma reads `w`: 4-bit, per channel (one group) or in groups of a multiple of 128 inputs that
-// divides cols, whose zeros are all one value (DeviceGptqMatrix::uniform_zero: a symmetric grid), rows a multiple of 4, cols a multiple
-// of 32, qweight 16-byte aligned.
+// divides cols, whose zeros are all one value (DeviceGptqMatrix::uniform_zero: a symmetric grid), rows a multiple
+// of 4, cols a multiple of 32, qweight 16-byte aligned.
 Status gemv_gptq_tma_supports(const DeviceGptqMatrix& w);
 
 // y[w.rows] += dequant(W) x[w.cols] on `stream` (float atomic adds: y must hold zeros, or what the product is
