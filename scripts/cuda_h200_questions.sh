@@ -18,10 +18,11 @@
 # session 39's section A (the tensor-copy GEMV against the register one per channel) is answered there.
 #   C (any GPU, only when named: answered on an H100 in session 39, slower): gate/up's blocks resident during
 #      attention and o (o in 8 slices, 100% carveout), with tensor-copy stages asked for before their wait.
-# SECTIONS=AC (say) runs those sections (default A; B when named); the H200 check applies to A and B.
+#   L (any GPU, default): the GEMVs' consumer rate from L2 (--l2-hot) against the same shapes from memory.
+# SECTIONS=AC (say) runs those sections (default A and L; B when named); the H200 check applies to A and B.
 set -u
 . scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
-SECTIONS=${SECTIONS:-A}
+SECTIONS=${SECTIONS:-AL}
 nvidia-smi -L
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 $P doctor 2>&1 | grep -A2 "^gpus"  # the peak memory bandwidth the tensor-copy default reads
@@ -50,6 +51,19 @@ if [ $h200 = 1 ] && [[ $SECTIONS == *A* ]]; then
   # The per-channel default (tensor copies; gemv_tma's stamps since session 41) against the register step.
   timeout 60 $DECODE --group -1 --reps 1 -n 16 --variants fused,fused-tmaq0-tmag0 --timeline $OUT/a_timeline_pc.csv > /dev/null 2>&1
   python3 scripts/timeline_report.py $OUT/a_timeline_pc.csv --blocks > $OUT/a_timeline_pc.md 2>&1; head -40 $OUT/a_timeline_pc.md
+fi
+
+if [[ $SECTIONS == *L* ]]; then
+  # Session 42: the consumers' rate when memory is not the limit (one copy of the weights, read from L2 where it
+  # fits): the marginal us between sizes says how fast each kernel eats bytes it does not wait for, i.e. whether
+  # a step that streams weights ahead of its latency chains (docs/RESIDENT_STEP.md) has a consumer to feed.
+  at "L: consumers from L2"
+  timeout 120 $B/petrel_bench_gemv_cuda --reps 10 --calls 40 --l2-hot --tma 1,2 \
+    --shapes 28672x512,28672x1024,28672x2048,28672x3072,4096x14336,4096x7168 > $OUT/l_gemv_l2hot.md 2>&1
+  grep -E "^. [0-9]|copy|read" $OUT/l_gemv_l2hot.md
+  timeout 120 $B/petrel_bench_gemv_cuda --reps 10 --calls 40 --tma 1,2 \
+    --shapes 28672x512,28672x1024,28672x2048,28672x3072,4096x14336,4096x7168 > $OUT/l_gemv_dram.md 2>&1
+  grep -E "^. [0-9]" $OUT/l_gemv_dram.md
 fi
 
 if [[ $SECTIONS == *C* ]]; then
