@@ -65,8 +65,6 @@
 //                     "-tmaq0-tmag0" is the register GEMVs
 //                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1
 //                     "-tmaoS" (before "-tmadS"): o likewise (added into the residual), e.g. fused-tmao1-tmaq1-tmag1
-//                     "-rmlpS" (after them): gate/up and down as one launch of resident blocks, S tensor-copy
-//                     stages a warp (resident_mlp.h; per channel), e.g. fused-rmlp2, fused-tmaq0-tmag0-rmlp2
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
 //   any of them with "-lateQG" (before "-uz0"): q/k/v and gate/up each with that many of its batches of weight
@@ -277,9 +275,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
-  // "-rmlpS" (after any "-ctxN", before any "-tmagS"): gate/up and down as one launch of resident blocks with S
-  // tensor-copy stages a warp (CudaModelOptions::decode_resident_mlp_stages), e.g. fused-rmlp2.
-  if (int64_t stages = 0; take_number_suffix(base, "-rmlp", 1, &stages)) o.decode_resident_mlp_stages = static_cast<int>(stages);
   // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
   // (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3.
   // "-tmagSP": P of the S stages asked for before the wait (CudaModelOptions::decode_tma_gate_up_prewait), e.g.

@@ -20,10 +20,6 @@
 // and beside it the tensor-core kernel with atomic split-K sums (the decode step's epilogue, which gemv_tma has):
 // both add into y, so their rows compare loops and first loads, not epilogues. --tma-splits K,... gives gemv_tma
 // those input slices (0, the default: the planner's, as the tensor-core kernel).
-// --mlp (after any --shapes; without them, alone) times Llama-3.1-8B's MLP per channel (RMSNorm, gate/up, SiLU * up,
-// down added into the residual) as the decode step's two launches (gate/up by tensor copies; down by the register
-// kernel or by tensor copies) and as resident_mlp's one launch (1 to 3 stages), each call overlapping the one
-// before (programmatic dependent launch), over 4 copies of the weights; x is zero, so nothing grows between calls.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -43,7 +39,6 @@
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/kernels/cuda/gemv_gptq.h"
 #include "petrel/kernels/cuda/gemv_tma.h"
-#include "petrel/kernels/cuda/resident_mlp.h"
 #include "petrel/kernels/ref/ops.h"
 #include "petrel/quant/format.h"
 #include "petrel/util/dtype.h"
@@ -137,7 +132,6 @@ int main(int argc, char** argv) {
   bool sweep = false;
   bool l2_hot = false;  // --l2-hot: one copy of the weights, so that calls read them from L2 where they fit
   bool uniform_zeros = false;  // --uniform-zeros: the zeros of a symmetric grid
-  bool mlp = false;            // --mlp: the MLP as two launches and as resident_mlp
   std::vector<int> tma_stages;  // --tma: gemv_tma's stages a warp to time
   std::vector<int> tma_splits = {0};  // --tma-splits: and its input slices (0: the planner's)
   std::string json_path;
@@ -159,7 +153,6 @@ int main(int argc, char** argv) {
     } else if (arg == "--sweep") sweep = true;
     else if (arg == "--l2-hot") l2_hot = true;
     else if (arg == "--uniform-zeros") uniform_zeros = true;
-    else if (arg == "--mlp") mlp = true;
     else if (arg == "--tma" && i + 1 < argc) {
       for (const std::string& item : petrel::bench::split_list(argv[++i])) {
         const int stages = std::atoi(item.c_str());
@@ -177,7 +170,7 @@ int main(int argc, char** argv) {
     else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...] [--mlp]\n",
+      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
                    argv[0]);
       return 2;
     }
@@ -229,8 +222,7 @@ int main(int argc, char** argv) {
               "weight GB/s | %% of copy | rel L2 vs ref |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(5);
-  // --mlp without --shapes: the MLP only.
-  for (const Shape& s : custom.empty() ? (mlp ? std::vector<Shape>{} : llama_shapes) : custom) {
+  for (const Shape& s : custom.empty() ? llama_shapes : custom) {
     const quant::GptqTensors host = random_gptq(s, rng, uniform_zeros);
     const ref::GptqMatrix hm = host.view();
     auto first = take(cuda::DeviceGptqWeights::upload(hm), "upload");
@@ -330,84 +322,6 @@ int main(int argc, char** argv) {
                   });
         }
       }
-    }
-  }
-  if (mlp) {
-    // Llama-3.1-8B's MLP per channel: two launches as the decode step's, against resident_mlp.
-    const int64_t hidden = 4096, inter = 14336;
-    std::vector<cuda::DeviceGptqWeights> owned;
-    struct Mlp { cuda::DeviceGptqMatrix gate, up, down; };
-    std::vector<Mlp> copies;
-    for (int c = 0; c < 4; ++c) {
-      Mlp m;
-      cuda::DeviceGptqMatrix* dst[3] = {&m.gate, &m.up, &m.down};
-      const Shape shapes[3] = {{"gate", inter, hidden, 4, -1}, {"up", inter, hidden, 4, -1}, {"down", hidden, inter, 4, -1}};
-      for (int i = 0; i < 3; ++i) {
-        const quant::GptqTensors host = random_gptq(shapes[i], rng, false);
-        owned.push_back(take(cuda::DeviceGptqWeights::upload(host.view()), "upload"));
-        *dst[i] = owned.back().view();
-      }
-      copies.push_back(m);
-    }
-    const int64_t weight_bytes = copies[0].gate.weight_bytes() * 2 + copies[0].down.weight_bytes();
-    auto x_dev = take(cuda::DeviceBuffer::allocate(hidden * 4), "alloc x");
-    auto norm_dev = take(cuda::DeviceBuffer::allocate(hidden * 4), "alloc norm");
-    auto gate_dev = take(cuda::DeviceBuffer::allocate(inter * 4), "alloc gate");
-    auto up_dev = take(cuda::DeviceBuffer::allocate(inter * 4), "alloc up");
-    auto counters = take(cuda::DeviceBuffer::allocate(64), "alloc counters");
-    for (cuda::DeviceBuffer* b : {&x_dev, &norm_dev, &gate_dev, &up_dev, &counters}) check(b->fill_bytes(0), "zero");
-    cuda::GemvFusion norm;
-    norm.input = cuda::GemvInput::kRmsNorm;
-    norm.norm_weight = cuda::DeviceVector{DType::kF32, hidden, norm_dev.data()};
-    norm.norm_eps = 1e-5f;
-    cuda::GemvFusion silu;
-    silu.input = cuda::GemvInput::kSiluMul;
-    silu.up = up_dev.as<float>();
-    cuda::GemvFusion silu_add = silu;
-    silu_add.residual = x_dev.as<float>();
-    std::printf("\n| MLP 4096 x 14336 per channel (%.1f MB) | floor us | us/call (graph) | weight GB/s | %% of copy |\n|---|---|---|---|---|\n",
-                weight_bytes / 1e6);
-    auto row = [&](const std::string& label, const auto& launch) {
-      const Timing t = time_calls(stream, reps, calls, [&](int c) { launch(copies[c % copies.size()]); });
-      const double gbs = weight_bytes / (t.graph_us * 1e-6) / 1e9;
-      std::printf("| %s | %.2f | %.2f | %.0f | %.0f%% |\n", label.c_str(), weight_bytes / (copy_gbs * 1e9) * 1e6, t.graph_us, gbs,
-                  100.0 * gbs / copy_gbs);
-      std::fflush(stdout);
-      results.push_back({{"shape", "mlp 4096x14336"}, {"algorithm", label}, {"weight_bytes", weight_bytes}, {"graph_us", t.graph_us},
-                         {"weight_gbs", gbs}, {"copy_gbs", copy_gbs}});
-    };
-    cuda::GemvTmaOptions tma;
-    tma.stages = 1;
-    tma.overlap_previous = true;
-    cuda::GemvOptions atomic{cuda::GemvAlgorithm::kTensorCore, 0};
-    atomic.atomic_reduce = true;
-    atomic.overlap_previous = true;
-    for (const bool tma_down : {false, true}) {
-      row(std::string("two launches: gate/up tma 1, down ") + (tma_down ? "tma 1" : "register atomic"), [&](const Mlp& m) {
-        const cuda::GemvGroupMember gate_up[] = {{&m.gate, gate_dev.as<float>()}, {&m.up, up_dev.as<float>()}};
-        check(cuda::gemv_gptq_tma_grouped(gate_up, x_dev.as<float>(), dev.multiprocessors, stream, tma, norm), "gate/up");
-        if (tma_down) {
-          const cuda::GemvGroupMember down[] = {{&m.down, x_dev.as<float>()}};
-          check(cuda::gemv_gptq_tma_grouped(down, gate_dev.as<float>(), dev.multiprocessors, stream, tma, silu), "down");
-        } else {
-          check(cuda::gemv_gptq(m.down, gate_dev.as<float>(), x_dev.as<float>(), ws, stream, atomic, silu_add), "down");
-        }
-      });
-    }
-    for (const int stages : {1, 2, 3}) {
-      cuda::ResidentMlpOptions options;
-      options.stages = stages;
-      options.overlap_previous = true;
-      const Status st = cuda::resident_mlp_supports(copies[0].gate, copies[0].up, copies[0].down);
-      if (!st.ok()) {
-        std::printf("| resident_mlp: %s | | | | |\n", st.to_string().c_str());
-        break;
-      }
-      row("resident_mlp, " + std::to_string(stages) + " stages", [&](const Mlp& m) {
-        check(cuda::resident_mlp(m.gate, m.up, m.down, x_dev.as<float>(), norm, gate_dev.as<float>(), up_dev.as<float>(),
-                                 counters.as<uint32_t>(), dev.multiprocessors, stream, options),
-              "resident_mlp");
-      });
     }
   }
   if (!json_path.empty()) {

@@ -71,11 +71,12 @@ fi
 
 if [[ $SECTIONS == *P* ]] && [ -f .gl/l2.tar.xz ]; then
   # Session 41's L2 prefetch past the tensor-copy ring (2581f40 + 9dcbb8e, reverted on main): binaries built with
-  # the two commits picked (`git cherry-pick -n 2581f40 9dcbb8e`, then the decode bench stripped into
+  # the two commits picked (`git cherry-pick -n 2581f40 9dcbb8e`, then the decode bench and the tests stripped into
   # .gl/l2.tar.xz as l2/). -tmalN: N stages a warp past the ring asked into L2 before the wait; -tmalN1: and kept
   # N ahead through the loop. On an H100 per channel the tensor copies are not the default: -tmaq1-tmag1 first.
   at "P: L2 prefetch past the ring"
   tar xJf .gl/l2.tar.xz -C /tmp
+  /tmp/l2/petrel_tests --gtest_filter='*GemvTma*' > $OUT/p_tests.log 2>&1; echo "P tests rc $?"
   pc=fused; [ $h200 = 1 ] || pc=fused-tmaq1-tmag1
   timeout 150 /tmp/l2/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0 --group -1 --reps 3 \
     --variants $pc,$pc-tmal2,$pc-tmal21,$pc,$pc-tmal21,$pc-tmal2,$pc-tmal4 > $OUT/p_pc.md 2>&1; grep -E "^. fused|unknown" $OUT/p_pc.md

@@ -143,7 +143,6 @@ TEST(CudaModel, TensorCopyGemvDefaultFollowsTheMemoryBandwidth) {
   EXPECT_EQ(CudaModelOptions{}.decode_tma_qkv_stages, kAuto);
   EXPECT_EQ(CudaModelOptions{}.decode_tma_gate_up_stages, kAuto);
   EXPECT_EQ(CudaModelOptions{}.decode_tma_down_stages, 0);
-  EXPECT_EQ(CudaModelOptions{}.decode_resident_mlp_stages, 0);
   const int64_t h200 = int64_t{2} * 3'201'000'000 * (6144 / 8), h100 = int64_t{2} * 2'619'000'000 * (5120 / 8);
   EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9, false), 1);
   EXPECT_EQ(resolve_tma_stages(kAuto, h200, 9, true), 1);  // group 128: on both (session 41)
@@ -424,9 +423,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   expect_close(tma, "q/k/v, gate/up and down by tensor copies");
   tma.decode_tma_o_stages = 1;  // and o (added into the residual)
   expect_close(tma, "every product by tensor copies");
-  CudaModelOptions mlp = defaults;  // gate/up and down in one launch of resident blocks (per channel; else two launches)
-  mlp.decode_resident_mlp_stages = 2;
-  expect_close(mlp, "the MLP in one resident launch");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

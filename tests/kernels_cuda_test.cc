@@ -24,7 +24,6 @@
 #include "petrel/kernels/cuda/timeline.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
-#include "petrel/kernels/cuda/resident_mlp.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
 #include "petrel/kernels/cuda/top_k.h"
@@ -1177,77 +1176,6 @@ TEST(KernelsCuda, TimelineRecordsEveryBlockOfAGemv) {
 
 // The same for the tensor-copy GEMV (gemv_tma.cu's timeline twin): one record a block with gemv_gptq's kind and
 // stamps in order (t4 the RMSNorm input's sum of squares), the sums those of the product's kernel.
-// The MLP in one launch (resident_mlp): gate/up of the RMSNorm'd residual, then down of SiLU(gate) * up added into
-// the residual, against the reference ops; runs cut across row tiles (shapes whose tile-stages do not divide among
-// the blocks), twice in a row (the counters left at zero), the clears done, and overlapped launches.
-TEST(KernelsCuda, ResidentMlpMatchesReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  std::mt19937 rng(42);
-  auto devices = cuda::list_devices();
-  ASSERT_TRUE(devices.ok());
-  const int multiprocessors = (*devices)[0].multiprocessors;
-  struct Case { int64_t hidden, intermediate; int stages; };
-  for (const Case& c : {Case{256, 768, 2}, Case{1024, 2816, 1}, Case{4096, 14336, 2}, Case{3072, 8192, 3}}) {
-    SCOPED_TRACE(std::to_string(c.hidden) + " x " + std::to_string(c.intermediate) + ", stages " + std::to_string(c.stages));
-    const TestGptq gate = make_gptq(rng, c.intermediate, c.hidden, 4, -1, false);
-    const TestGptq up = make_gptq(rng, c.intermediate, c.hidden, 4, -1, false);
-    const TestGptq down = make_gptq(rng, c.hidden, c.intermediate, 4, -1, false);
-    const std::vector<float> x = random_floats(rng, c.hidden, 2.0f);
-    const StoredFloats norm = store_as(random_floats(rng, c.hidden), DType::kBF16);
-    std::vector<float> in(c.hidden);
-    ref::rms_norm(x.data(), 1, c.hidden, ref::DenseMatrix{DType::kBF16, 1, c.hidden, norm.bytes.data()}, 1e-5f, in.data());
-    const std::vector<float> in16 = round_to_f16(in);
-    std::vector<float> want_gate(c.intermediate), want_up(c.intermediate), h(c.intermediate), want_down(c.hidden);
-    ref::matmul(in16.data(), 1, gate.host.view(), want_gate.data());
-    ref::matmul(in16.data(), 1, up.host.view(), want_up.data());
-    ref::silu_mul(want_gate.data(), want_up.data(), c.intermediate, h.data());
-    const std::vector<float> h16 = round_to_f16(h);
-    ref::matmul(h16.data(), 1, down.host.view(), want_down.data());
-
-    cuda::DeviceBuffer norm_dev = to_device(norm.bytes.data(), norm.bytes.size());
-    cuda::DeviceBuffer counters = to_device(x.data(), 8);
-    ASSERT_TRUE(counters.fill_bytes(0).ok());
-    for (int run = 0; run < 2; ++run) {
-      SCOPED_TRACE("run " + std::to_string(run));
-      cuda::DeviceBuffer residual = to_device(x.data(), c.hidden * 4);
-      auto gate_out = cuda::DeviceBuffer::allocate(c.intermediate * 4), up_out = cuda::DeviceBuffer::allocate(c.intermediate * 4);
-      ASSERT_TRUE(gate_out.ok() && up_out.ok());
-      ASSERT_TRUE(gate_out->fill_bytes(0).ok() && up_out->fill_bytes(0).ok());
-      cuda::DeviceBuffer cleared[3] = {to_device(x.data(), 64 * 4), to_device(x.data(), 32 * 4), to_device(x.data(), 16 * 4)};
-      cuda::GemvFusion fusion;
-      fusion.input = cuda::GemvInput::kRmsNorm;
-      fusion.norm_weight = cuda::DeviceVector{DType::kBF16, c.hidden, norm_dev.data()};
-      fusion.norm_eps = 1e-5f;
-      fusion.clear[0] = {cleared[0].as<float>(), 64};
-      fusion.clear[1] = {cleared[1].as<float>(), 32};
-      cuda::ResidentMlpOptions options;
-      options.stages = c.stages;
-      options.overlap_previous = run == 1;
-      const Status st = cuda::resident_mlp(gate.device.view(), up.device.view(), down.device.view(), residual.as<float>(), fusion,
-                                           gate_out->as<float>(), up_out->as<float>(), counters.as<uint32_t>(), multiprocessors,
-                                           nullptr, options, {cleared[2].as<float>(), 16});
-      if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.to_string();  // before compute capability 9.0
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      EXPECT_LE(relative_l2(download_floats(*gate_out, c.intermediate), want_gate), 1e-4);
-      EXPECT_LE(relative_l2(download_floats(*up_out, c.intermediate), want_up), 1e-4);
-      std::vector<float> got_down = download_floats(residual, c.hidden);
-      for (int64_t i = 0; i < c.hidden; ++i) got_down[i] -= x[i];
-      EXPECT_LE(relative_l2(got_down, want_down), 1e-3);  // an fp16 rounding of SiLU(gate) * up may move
-      EXPECT_EQ(download_floats(cleared[0], 64), std::vector<float>(64, 0.0f));
-      EXPECT_EQ(download_floats(cleared[1], 32), std::vector<float>(32, 0.0f));
-      EXPECT_EQ(download_floats(cleared[2], 16), std::vector<float>(16, 0.0f));
-      std::vector<uint32_t> left(2);
-      ASSERT_TRUE(counters.download(left.data(), 8).ok());
-      EXPECT_EQ(left, std::vector<uint32_t>(2, 0u));
-    }
-  }
-  // Shapes it does not take: refused, naming why.
-  const TestGptq wide = make_gptq(rng, 512, 8192, 4, -1, false), down_wide = make_gptq(rng, 8192, 512, 4, -1, false);
-  EXPECT_EQ(cuda::resident_mlp_supports(wide.device.view(), wide.device.view(), down_wide.device.view()).code(), ErrorCode::kUnsupported);
-  const TestGptq g128 = make_gptq(rng, 512, 256, 4, 128, true), d128 = make_gptq(rng, 256, 512, 4, 128, true);
-  EXPECT_EQ(cuda::resident_mlp_supports(g128.device.view(), g128.device.view(), d128.device.view()).code(), ErrorCode::kUnsupported);
-}
-
 TEST(KernelsCuda, TimelineRecordsEveryBlockOfATensorCopyGemv) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   auto devices = cuda::list_devices();

@@ -20,7 +20,6 @@
 #include "petrel/kernels/cuda/gemv_tma.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
-#include "petrel/kernels/cuda/resident_mlp.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/stream.h"
 #include "petrel/kernels/cuda/top_k.h"
@@ -247,8 +246,6 @@ struct CudaModel::State {
   bool fused = false;
   bool overlap = false;  // options.overlap_kernels on a GPU that has programmatic dependent launch
   cuda::DeviceBuffer attention_counters;
-  // uint32 [n_layers, 2] of cuda::resident_mlp (options.decode_resident_mlp_stages), zero between launches.
-  cuda::DeviceBuffer mlp_counters;
   // The resident step (options.resident_step, where cuda::ResidentGemvChains takes the checkpoint): chain 0 is
   // layer 0's q/k/v, chain l (1 .. L - 1) layer l - 1's o, gate/up and down and layer l's q/k/v, chain L the
   // last layer's o, gate/up and down.
@@ -429,20 +426,6 @@ struct CudaModel::State {
       }
       cuda::GemvFusion post_attention_norm = input_norm;
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
-      if (options.decode_resident_mlp_stages > 0 && atomic.atomic_reduce && !(skip & CudaModelOptions::kSkipGateUp) &&
-          !(skip & CudaModelOptions::kSkipDown) &&
-          cuda::resident_mlp_supports(w.gate_proj.quantized.view(), w.up_proj.quantized.view(), w.down_proj.quantized.view()).ok()) {
-        // gate/up and down in one launch: q cleared as gate/up's launch does, k and v as down's.
-        cuda::ResidentMlpOptions mlp;
-        mlp.stages = options.decode_resident_mlp_stages;
-        mlp.overlap_previous = overlap;
-        const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
-        PETREL_RETURN_IF_ERROR(cuda::resident_mlp(w.gate_proj.quantized.view(), w.up_proj.quantized.view(), w.down_proj.quantized.view(),
-                                                  residual, clearing(post_attention_norm, q, c.q_dim(), &k, c.kv_dim()), gate.as<float>(),
-                                                  up.as<float>(), mlp_counters.as<uint32_t>() + 2 * l, gemv_workspace.multiprocessors(), s,
-                                                  mlp, {v.as<float>(), c.kv_dim()}));
-        continue;
-      }
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       const cuda::GemvTmaOptions tma_gate_up = tma_for(options.decode_tma_gate_up_stages, options.decode_splits.gate_up,
@@ -1145,8 +1128,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   if (s.fused) {
     PETREL_ASSIGN_OR_RETURN(s.attention_counters, cuda::DeviceBuffer::allocate(static_cast<size_t>(c.num_key_value_heads) * 4));
     PETREL_RETURN_IF_ERROR(s.attention_counters.fill_bytes(0));
-    PETREL_ASSIGN_OR_RETURN(s.mlp_counters, cuda::DeviceBuffer::allocate(static_cast<size_t>(c.num_hidden_layers) * 8));
-    PETREL_RETURN_IF_ERROR(s.mlp_counters.fill_bytes(0));
   }
   if (s.overlap && options.resident_step) {
     // Where the chains do not fit (shapes, an older GPU), the five-launch step runs (resident_step() says which).

@@ -152,10 +152,6 @@ struct CudaModelOptions {
   int decode_tma_qkv_stages = kTmaAuto;
   int decode_tma_down_stages = 0;  // down likewise (SiLU * up input; "-tmadS"; H100, session 38: -5.7%; H200 -3 to -5%)
   int decode_tma_o_stages = 0;     // o likewise (added into the residual; "-tmaoS"; session 40)
-  // The MLP (gate/up, then down) as one launch of resident blocks with this many tensor-copy stages a warp
-  // (cuda::resident_mlp, session 42: the weights streamed across the boundary between the two products; 0: two
-  // launches; per-channel weights of the shapes resident_mlp_supports takes; the decode bench's "-rmlpS").
-  int decode_resident_mlp_stages = 0;
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with

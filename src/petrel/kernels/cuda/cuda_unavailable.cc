@@ -13,7 +13,6 @@
 #include "petrel/kernels/cuda/gptq.h"
 #include "petrel/kernels/cuda/norm.h"
 #include "petrel/kernels/cuda/resident_gemv.h"
-#include "petrel/kernels/cuda/resident_mlp.h"
 #include "petrel/kernels/cuda/rope.h"
 #include "petrel/kernels/cuda/top_k.h"
 #include "petrel/kernels/cuda/stream.h"
@@ -57,11 +56,6 @@ Status DeviceBuffer::download(void*, size_t, size_t) const { return not_built();
 Status DeviceBuffer::fill_bytes(uint8_t) { return not_built(); }
 
 Status gemv_gptq_tma_supports(const DeviceGptqMatrix&) { return not_built(); }
-Status resident_mlp_supports(const DeviceGptqMatrix&, const DeviceGptqMatrix&, const DeviceGptqMatrix&) { return not_built(); }
-Status resident_mlp(const DeviceGptqMatrix&, const DeviceGptqMatrix&, const DeviceGptqMatrix&, float*, const GemvFusion&, float*, float*,
-                    uint32_t*, int, Stream, const ResidentMlpOptions&, GemvFusion::Clear) {
-  return not_built();
-}
 Status gemv_gptq_tma(const DeviceGptqMatrix&, const float*, float*, int, Stream, const GemvTmaOptions&) { return not_built(); }
 Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember>, const float*, int, Stream, const GemvTmaOptions&,
                              const GemvFusion&) {
