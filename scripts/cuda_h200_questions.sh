@@ -6,8 +6,7 @@
 #   A. (session 40's open items; on an H100 session 41 answered the group-128 ones: +3.2%, now the default there)
 #      group 128 through the tensor-copy GEMV (gemv_tma's grouped build): alone (--uniform-zeros --tma) and in the
 #      step (the default, CudaModelOptions::kTmaAuto, against the register GEMVs, -tmaq0-tmag0); o and down through
-#      it (-tmao1, -tmad1); the per-channel default (tensor copies on an H200) against the register step (on the
-#      commits 2581f40 and 9dcbb8e picked also -tmal2, -tmal21: PERFORMANCE.md session 41); block
+#      it (-tmao1, -tmad1); the per-channel default (tensor copies on an H200) against the register step; block
 #      timelines at group 128 and per channel (gemv_tma stamps them since session 41: the default and the register
 #      step side by side);
 #   B. the step's knobs tuned on H100s in sessions 28-35 (carveout, L2 prefetch per product, splits, late batches)
@@ -18,12 +17,13 @@
 # session 39's section A (the tensor-copy GEMV against the register one per channel) is answered there.
 #   C (any GPU, only when named: answered on an H100 in session 39, slower): gate/up's blocks resident during
 #      attention and o (o in 8 slices, 100% carveout), with tensor-copy stages asked for before their wait.
-#   P (any GPU, default where .gl/l2.tar.xz is carried): session 41's L2 prefetch past the tensor-copy ring.
+#   P (any GPU, only when named and .gl/l2.tar.xz is carried; answered on an H100 in session 42, slower): session
+#      41's L2 prefetch past the tensor-copy ring.
 #   L (any GPU, default): the GEMVs' consumer rate from L2 (--l2-hot) against the same shapes from memory.
-# SECTIONS=AC (say) runs those sections (default A, L and P; B when named); the H200 check applies to A and B.
+# SECTIONS=AC (say) runs those sections (default A and L; B, C and P when named); the H200 check applies to A and B.
 set -u
 . scripts/cuda_unpack.sh  # OUT, B, P; the packed binaries and CUDA libraries on the paths
-SECTIONS=${SECTIONS:-ALP}
+SECTIONS=${SECTIONS:-AL}
 nvidia-smi -L
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 $P doctor 2>&1 | grep -A2 "^gpus"  # the peak memory bandwidth the tensor-copy default reads
@@ -71,12 +71,11 @@ fi
 
 if [[ $SECTIONS == *P* ]] && [ -f .gl/l2.tar.xz ]; then
   # Session 41's L2 prefetch past the tensor-copy ring (2581f40 + 9dcbb8e, reverted on main): binaries built with
-  # the two commits picked (`git cherry-pick -n 2581f40 9dcbb8e`, then the decode bench and the tests stripped into
+  # the two commits picked (`git cherry-pick -n 2581f40 9dcbb8e`, then the decode bench stripped into
   # .gl/l2.tar.xz as l2/). -tmalN: N stages a warp past the ring asked into L2 before the wait; -tmalN1: and kept
   # N ahead through the loop. On an H100 per channel the tensor copies are not the default: -tmaq1-tmag1 first.
   at "P: L2 prefetch past the ring"
   tar xJf .gl/l2.tar.xz -C /tmp
-  /tmp/l2/petrel_tests --gtest_filter='*GemvTma*' > $OUT/p_tests.log 2>&1; echo "P tests rc $?"
   pc=fused; [ $h200 = 1 ] || pc=fused-tmaq1-tmag1
   timeout 150 /tmp/l2/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0 --group -1 --reps 3 \
     --variants $pc,$pc-tmal2,$pc-tmal21,$pc,$pc-tmal21,$pc-tmal2,$pc-tmal4 > $OUT/p_pc.md 2>&1; grep -E "^. fused|unknown" $OUT/p_pc.md
