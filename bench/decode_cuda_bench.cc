@@ -63,7 +63,8 @@
 //                     the device decides (CudaModelOptions::kTmaAuto: 1 and 1 on an H200, and at group 128 on any
 //                     Hopper; the label says so), and
 //                     "-tmaq0-tmag0" is the register GEMVs
-//                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1
+//                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1; without
+//                     it the device decides (1 at group 128 on an H200, else 0; "-tmad0" is the register GEMV)
 //                     "-tmaoS" (before "-tmadS"): o likewise (added into the residual), e.g. fused-tmao1-tmaq1-tmag1
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
@@ -839,7 +840,11 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     const CudaModelOptions& used = (*gpu)->options();
     if ((options.decode_tma_qkv_stages == CudaModelOptions::kTmaAuto && used.decode_tma_qkv_stages > 0) ||
         (options.decode_tma_gate_up_stages == CudaModelOptions::kTmaAuto && used.decode_tma_gate_up_stages > 0)) {
-      label += " (auto: tmaq" + std::to_string(used.decode_tma_qkv_stages) + " tmag" + std::to_string(used.decode_tma_gate_up_stages) + ")";
+      label += " (auto: tmaq" + std::to_string(used.decode_tma_qkv_stages) + " tmag" + std::to_string(used.decode_tma_gate_up_stages);
+      if (options.decode_tma_down_stages == CudaModelOptions::kTmaAuto && used.decode_tma_down_stages > 0) {
+        label += " tmad" + std::to_string(used.decode_tma_down_stages);
+      }
+      label += ")";
     }
     std::vector<float> logits;
     // Mean tokens per second over the reps of n_gen steps, each step through `one` (token id, step index).

@@ -1023,16 +1023,20 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   s.options.context_length = std::min(options.context_length, c.max_position_embeddings);
   {
     const cuda::DeviceInfo& d = devices[options.device];
-    bool grouped = false;  // any group-wise 4-bit layer weights
+    auto group_wise = [](const LinearWeight& lin) {
+      return lin.kind == LinearWeight::Kind::kGptq && lin.gptq.group_size != lin.gptq.cols;
+    };
+    bool grouped = false, down_grouped = false;  // any group-wise 4-bit layer weights (q/k/v or gate/up; down)
     for (const LlamaLayerWeights& l : model.weights().layers) {
-      for (const LinearWeight* lin : {&l.q_proj, &l.gate_proj}) {
-        grouped = grouped || (lin->kind == LinearWeight::Kind::kGptq && lin->gptq.group_size != lin->gptq.cols);
-      }
+      grouped = grouped || group_wise(l.q_proj) || group_wise(l.gate_proj);
+      down_grouped = down_grouped || group_wise(l.down_proj);
     }
     s.options.decode_tma_qkv_stages =
         resolve_tma_stages(options.decode_tma_qkv_stages, d.peak_memory_bandwidth, d.compute_major, grouped);
     s.options.decode_tma_gate_up_stages =
         resolve_tma_stages(options.decode_tma_gate_up_stages, d.peak_memory_bandwidth, d.compute_major, grouped);
+    s.options.decode_tma_down_stages =
+        resolve_tma_down_stages(options.decode_tma_down_stages, d.peak_memory_bandwidth, d.compute_major, down_grouped);
   }
   PETREL_ASSIGN_OR_RETURN(s.stream, cuda::CudaStream::create());
   PETREL_ASSIGN_OR_RETURN(s.gemv_workspace, cuda::GemvWorkspace::create());
@@ -1262,6 +1266,12 @@ int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute
   if (requested != CudaModelOptions::kTmaAuto) return requested;
   if (compute_major < 9) return 0;  // no tensor copies
   return grouped_weights || peak_memory_bandwidth >= CudaModelOptions::kTmaAutoMinBandwidth ? 1 : 0;
+}
+
+int resolve_tma_down_stages(int requested, int64_t peak_memory_bandwidth, int compute_major, bool grouped_weights) {
+  if (requested != CudaModelOptions::kTmaAuto) return requested;
+  if (compute_major < 9) return 0;  // no tensor copies
+  return grouped_weights && peak_memory_bandwidth >= CudaModelOptions::kTmaAutoMinBandwidth ? 1 : 0;
 }
 
 int CudaModel::max_top_k(const LlamaConfig& config) {

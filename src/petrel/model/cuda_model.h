@@ -150,7 +150,13 @@ struct CudaModelOptions {
   static constexpr int64_t kTmaAutoMinBandwidth = 4'000'000'000'000;  // bytes/s: the H200 on, H100s off
   int decode_tma_gate_up_stages = kTmaAuto;
   int decode_tma_qkv_stages = kTmaAuto;
-  int decode_tma_down_stages = 0;  // down likewise (SiLU * up input; "-tmadS"; H100, session 38: -5.7%; H200 -3 to -5%)
+  // down likewise (SiLU * up input; "-tmadS"). kTmaAuto (the default): one stage for group-wise weights where the
+  // peak memory bandwidth is at least kTmaAutoMinBandwidth, else the register GEMV (resolve_tma_down_stages).
+  // Measured (docs/PERFORMANCE.md, sessions 38, 40, 41 and 43), 8B: at group 128 on an H200 +1.5% tg128 (581.3
+  // against 572.2 / 573.7; with o's too, 588.4 / 589.2 against o's alone 583.0 / 582.0) and a tie after 2,000
+  // positions (504.2 against 503.6 / 504.4); at group 128 on an H100 -0.5%; per channel it loses everywhere (H100
+  // -5.7%, H200 -3 to -5%).
+  int decode_tma_down_stages = kTmaAuto;
   int decode_tma_o_stages = 0;     // o likewise (added into the residual; "-tmaoS"; session 40)
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
@@ -273,6 +279,9 @@ Status check_gpu_memory(const GpuMemoryNeed& need, int64_t free_bytes, int64_t t
 // where the peak memory bandwidth (cuda::DeviceInfo::peak_memory_bandwidth, 0 unknown) is at least
 // CudaModelOptions::kTmaAutoMinBandwidth; else 0 (the register GEMV).
 int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute_major, bool grouped_weights);
+// The same for down (CudaModelOptions::decode_tma_down_stages): auto is 1 only for group-wise weights on a device
+// with tensor copies whose peak memory bandwidth is at least kTmaAutoMinBandwidth (the H200); else 0.
+int resolve_tma_down_stages(int requested, int64_t peak_memory_bandwidth, int compute_major, bool grouped_weights);
 
 class CudaModel {
  public:

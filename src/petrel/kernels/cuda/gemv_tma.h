@@ -3,7 +3,8 @@
 // memory keeps a 4-bit product's loop at least as fast as the register GEMV, whose bytes in flight the register
 // file bounds: on H100s a tie, on an H200 faster (gate/up alone 19.5 against 20.9 us; the decode step +1.8 to
 // +2.4%, session 40), so the model's decode step uses it for q/k/v and gate/up per channel where the memory
-// bandwidth is an H200's, and at group 128 on every Hopper (+3.2% on an H100, session 41; CudaModelOptions::kTmaAuto).
+// bandwidth is an H200's, and at group 128 on every Hopper (+3.2% on an H100, session 41; CudaModelOptions::kTmaAuto);
+// down too at group 128 on an H200 (+1.5%, session 43).
 // petrel_bench_gemv_cuda --tma times it beside the register kernel, and tests/kernels_cuda_test.cc checks it against
 // ref::matmul. gemv_tma.cu has the layout and the reasons.
 #pragma once
