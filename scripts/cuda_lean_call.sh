@@ -9,7 +9,10 @@
 #   On any GPU: Nsight Compute on gemv_tma at gate/up's shape from memory and from L2 (--l2-hot), and on the
 #   attention kernel inside the step: is the tensor-copy consumer's ~4.3 TB/s from L2 (session 42) its issue, its
 #   stalls or the L2 (SpeedOfLight, WarpStateStats, SourceCounters)?
-# Everything lands in $OUT/all.tgz (the run tool returns at most 8 files).
+# Everything lands in $OUT/all.tgz (the run tool returns at most 8 files). Session 43 ran it once on an H200
+# (docs/PERFORMANCE.md, session 43: the step's default +2.0% per channel and +4.2% at group 128 over the register
+# GEMVs; from L2 gemv_tma is latency-bound at ~3.3 warps a scheduler). The sections print no stall breakdown: for
+# one, pass ncu the smsp__average_warps_issue_stalled_* metrics as scripts/ncu_step_stalls.sh does.
 set -u
 t0=$(date +%s); LIMIT=${LIMIT:-500}
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
