@@ -62,9 +62,10 @@
 //                     "-tmaqS" (before "-tmagS"): q/k/v past layer 0 likewise, e.g. fused-tmaq1-tmag1; without them
 //                     the device decides (CudaModelOptions::kTmaAuto: 1 and 1 on an H200, and at group 128 on any
 //                     Hopper; the label says so), and
-//                     "-tmaq0-tmag0" is the register GEMVs
+//                     "-tmaq0-tmag0" is the register GEMVs for them
 //                     "-tmadS" (before "-tmaqS"): down likewise (SiLU * up input), e.g. fused-tmad1-tmag1; without
-//                     it the device decides (1 at group 128 on an H200, else 0; "-tmad0" is the register GEMV)
+//                     it the device decides (1 at group 128 on an H200, else 0), so the register step everywhere
+//                     is "fused-tmad0-tmaq0-tmag0"
 //                     "-tmaoS" (before "-tmadS"): o likewise (added into the residual), e.g. fused-tmao1-tmaq1-tmag1
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
@@ -114,6 +115,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -838,14 +840,13 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     std::string label = variant + (options.resident_step && !(*gpu)->resident_step() ? " (not resident: shapes or GPU)" : "");
     // The tensor-copy GEMVs the device's memory bandwidth chose (CudaModelOptions::kTmaAuto), where it chose any.
     const CudaModelOptions& used = (*gpu)->options();
-    if ((options.decode_tma_qkv_stages == CudaModelOptions::kTmaAuto && used.decode_tma_qkv_stages > 0) ||
-        (options.decode_tma_gate_up_stages == CudaModelOptions::kTmaAuto && used.decode_tma_gate_up_stages > 0)) {
-      label += " (auto: tmaq" + std::to_string(used.decode_tma_qkv_stages) + " tmag" + std::to_string(used.decode_tma_gate_up_stages);
-      if (options.decode_tma_down_stages == CudaModelOptions::kTmaAuto && used.decode_tma_down_stages > 0) {
-        label += " tmad" + std::to_string(used.decode_tma_down_stages);
-      }
-      label += ")";
+    std::string chosen;
+    for (const auto& [tag, asked, got] : {std::tuple{"tmaq", options.decode_tma_qkv_stages, used.decode_tma_qkv_stages},
+                                          std::tuple{"tmag", options.decode_tma_gate_up_stages, used.decode_tma_gate_up_stages},
+                                          std::tuple{"tmad", options.decode_tma_down_stages, used.decode_tma_down_stages}}) {
+      if (asked == CudaModelOptions::kTmaAuto && got > 0) chosen += std::string(chosen.empty() ? "" : " ") + tag + std::to_string(got);
     }
+    if (!chosen.empty()) label += " (auto: " + chosen + ")";
     std::vector<float> logits;
     // Mean tokens per second over the reps of n_gen steps, each step through `one` (token id, step index).
     std::vector<int32_t> depth_tokens(o.depth);

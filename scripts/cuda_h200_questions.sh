@@ -45,11 +45,11 @@ if [ $h200 = 1 ] && [[ $SECTIONS == *A* ]]; then
     --shapes 28672x4096:128,6144x4096:128,4096x4096:128,4096x14336:128,4096x4096 > $OUT/a_gemv_g128.md 2>&1
   grep -E "^. [0-9]|copy" $OUT/a_gemv_g128.md
   at "A: the step"
-  timeout 100 $DECODE --group 128 --reps 3 --variants fused,fused-tmaq0-tmag0,fused-tmao1,fused-tmad1,fused,fused-tmaq0-tmag0 \
+  timeout 100 $DECODE --group 128 --reps 3 --variants fused,fused-tmad0-tmaq0-tmag0,fused-tmao1,fused-tmad0,fused,fused-tmad0-tmaq0-tmag0 \
     > $OUT/a_step_g128.md 2>&1; grep -E "^. fused|unknown" $OUT/a_step_g128.md
   timeout 90 $DECODE --group -1 --reps 3 --variants fused,fused-tmaq0-tmag0,fused-tmao1,fused,fused-tmaq0-tmag0 \
     > $OUT/a_step_pc.md 2>&1; grep -E "^. fused|unknown" $OUT/a_step_pc.md
-  timeout 60 $DECODE --group 128 --reps 1 -n 16 --variants fused,fused-tmaq0-tmag0 --timeline $OUT/a_timeline.csv > /dev/null 2>&1
+  timeout 60 $DECODE --group 128 --reps 1 -n 16 --variants fused,fused-tmad0-tmaq0-tmag0 --timeline $OUT/a_timeline.csv > /dev/null 2>&1
   python3 scripts/timeline_report.py $OUT/a_timeline.csv --blocks > $OUT/a_timeline.md 2>&1; head -30 $OUT/a_timeline.md
   # The per-channel default (tensor copies; gemv_tma's stamps since session 41) against the register step.
   timeout 60 $DECODE --group -1 --reps 1 -n 16 --variants fused,fused-tmaq0-tmag0 --timeline $OUT/a_timeline_pc.csv > /dev/null 2>&1

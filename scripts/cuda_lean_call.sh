@@ -24,7 +24,7 @@ D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0"
 if nvidia-smi -L | grep -q H200; then
   timeout $(cap 90) $D --group -1 --reps 3 --variants fused,fused-tmaq0-tmag0,fused,fused-tmaq0-tmag0 > $W/c_pc.md 2>&1; grep -E "device|copy|^. fused|unknown" $W/c_pc.md
   echo "== at $(( $(date +%s) - t0 )) s"
-  timeout $(cap 80) $D --group 128 --reps 3 --variants fused,fused-tmaq0-tmag0,fused > $W/c_g128.md 2>&1; grep -E "^. fused|unknown" $W/c_g128.md
+  timeout $(cap 80) $D --group 128 --reps 3 --variants fused,fused-tmad0-tmaq0-tmag0,fused-tmad0,fused > $W/c_g128.md 2>&1; grep -E "^. fused|unknown" $W/c_g128.md
   echo "== at $(( $(date +%s) - t0 )) s"
   timeout $(cap 60) $D --group -1 --reps 1 -n 16 --variants fused,fused-tmaq0-tmag0 --timeline $W/c_timeline_pc.csv > /dev/null 2>&1
   python3 scripts/timeline_report.py $W/c_timeline_pc.csv --blocks > $W/c_timeline_pc.md 2>&1; head -60 $W/c_timeline_pc.md
