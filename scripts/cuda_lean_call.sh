@@ -4,7 +4,8 @@
 # `LIMIT=380 bash scripts/cuda_lean_call.sh` (LIMIT under the call's limit_s), carry [".gl/pkg.tar.xz"], after
 # `sh scripts/cuda_pack.sh build` (rebuild first: the package must hold HEAD's binaries).
 #   On an H200 only: the step's default (tensor-copy q/k/v and gate/up; group 128 through gemv_tma's grouped build
-#   since session 41, never run on an H200) against the register GEMVs (-tmaq0-tmag0), per channel and at group
+#   since session 41, first run on an H200 in session 43; down too there since then) against the register GEMVs
+#   (-tmaq0-tmag0 per channel, -tmad0-tmaq0-tmag0 at group 128; and -tmad0 alone), per channel and at group
 #   128, and the per-channel block timeline of both (gemv_tma's stamps; timeline_report.py --blocks).
 #   On any GPU: Nsight Compute on gemv_tma at gate/up's shape from memory and from L2 (--l2-hot), and on the
 #   attention kernel inside the step: is the tensor-copy consumer's ~4.3 TB/s from L2 (session 42) its issue, its
