@@ -5,8 +5,9 @@
 # an H200 only, by default:
 #   A. (session 40's open items; on an H100 session 41 answered the group-128 ones: +3.2%, now the default there)
 #      group 128 through the tensor-copy GEMV (gemv_tma's grouped build): alone (--uniform-zeros --tma) and in the
-#      step (the default, CudaModelOptions::kTmaAuto, against the register GEMVs, -tmad0-tmaq0-tmag0 at group 128); o through
-#      it (-tmao1) and down not through it (-tmad0: down by tensor copies is the default there since session 43); the per-channel default (tensor copies on an H200) against the register step; block
+#      step (the default, CudaModelOptions::kTmaAuto, against the register GEMVs, -tmad0-tmaq0-tmag0 at group
+#      128); o through it (-tmao1) and down not through it (-tmad0: by tensor copies is the default there since
+#      session 43); the per-channel default (tensor copies on an H200) against the register step; block
 #      timelines at group 128 and per channel (gemv_tma stamps them since session 41: the default and the register
 #      step side by side);
 #   B. the step's knobs tuned on H100s in sessions 28-35 (carveout, L2 prefetch per product, splits, late batches)
