@@ -916,6 +916,90 @@ TEST(KernelsCuda, GemvAtomicSplitKMatchesReference) {
   EXPECT_FALSE(cuda::gemv_gptq(m.device.view(), y->as<float>() + 512, y->as<float>() + 64, *workspace, nullptr, {}, ragged).ok());
 }
 
+// gemv_tma's zero-folded dequantization (GemvTmaOptions::fold_zeros 1 and 2): the tensor cores sum (1024 + c) x
+// or (64 + c) x and each promotion takes (magic + z) sum(x) off, which costs float32 bits in the sums. Against
+// ref::matmul on x with zero mean, with a mean far from zero (every x positive: sum(x) grows with the stage, the
+// worst case for that cancellation) and large; per channel and in groups, with the fused inputs; printed, and
+// within a bound a few times the unfolded kernel's.
+TEST(KernelsCuda, GemvTmaFoldedZerosMatchesReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  std::mt19937 rng(36);
+  auto devices = cuda::list_devices();
+  ASSERT_TRUE(devices.ok());
+  if ((*devices)[0].compute_major < 9) GTEST_SKIP() << "gemv_tma needs compute capability 9.0";
+  const int multiprocessors = (*devices)[0].multiprocessors;
+  struct Case { int64_t rows, cols, group; };
+  double worst[3][3] = {};  // [fold][x's kind]
+  const char* kinds[3] = {"zero mean", "positive", "large"};
+  for (const Case& c : {Case{4096, 4096, -1}, Case{1000, 2048, -1}, Case{200, 96, -1}, Case{264, 8224, -1}, Case{1000, 2048, 128},
+                        Case{264, 1152, 128}, Case{72, 4096, 256}}) {
+    const TestGptq m = make_gptq(rng, c.rows, c.cols, 4, c.group, c.group > 0);
+    for (int kind = 0; kind < 3; ++kind) {
+      std::vector<float> x = random_floats(rng, c.cols, 2.0f);
+      for (float& v : x) v = kind == 1 ? std::fabs(v) : kind == 2 ? v * 300.0f : v;
+      const std::vector<float> x16 = round_to_f16(x);
+      std::vector<float> want(c.rows);
+      ref::matmul(x16.data(), 1, m.host.view(), want.data());
+      cuda::DeviceBuffer x_dev = to_device(x.data(), x.size() * 4);
+      auto y = cuda::DeviceBuffer::allocate(c.rows * 4);
+      ASSERT_TRUE(y.ok());
+      for (int fold : {0, 1, 2}) {
+        for (int k_splits : {0, 1, 5}) {
+          SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " group " + std::to_string(c.group) + ", x " +
+                       kinds[kind] + ", fold " + std::to_string(fold) + ", k_splits " + std::to_string(k_splits));
+          ASSERT_TRUE(y->fill_bytes(0).ok());
+          cuda::GemvTmaOptions options;
+          options.k_splits = k_splits;
+          options.stages = 1 + k_splits % 2;
+          options.fold_zeros = fold;
+          const Status st = cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, options);
+          ASSERT_TRUE(st.ok()) << st.to_string();
+          const double error = relative_l2(download_floats(*y, c.rows), want);
+          worst[fold][kind] = std::max(worst[fold][kind], error);
+          EXPECT_LE(error, fold == 0 ? kTolerance : 3e-4);
+        }
+      }
+    }
+  }
+  for (int fold = 0; fold < 3; ++fold) {
+    std::printf("gemv_tma fold_zeros %d: worst relative L2 against ref::matmul, x %s %.2e, %s %.2e, %s %.2e\n", fold, kinds[0],
+                worst[fold][0], kinds[1], worst[fold][1], kinds[2], worst[fold][2]);
+  }
+  // The fused inputs (the RMSNorm of gate/up and q/k/v, down's SiLU * up), each fold against the unfolded launch.
+  const int64_t rows = 1000, cols = 2816;
+  const TestGptq m = make_gptq(rng, rows, cols, 4, -1, false);
+  const std::vector<float> x = random_floats(rng, cols, 3.0f), up = random_floats(rng, cols, 2.0f), norm = random_floats(rng, cols);
+  cuda::DeviceBuffer x_dev = to_device(x.data(), cols * 4), up_dev = to_device(up.data(), cols * 4),
+                     norm_dev = to_device(norm.data(), cols * 4);
+  for (const cuda::GemvInput input : {cuda::GemvInput::kRmsNorm, cuda::GemvInput::kSiluMul}) {
+    cuda::GemvFusion fusion;
+    fusion.input = input;
+    fusion.up = up_dev.as<float>();
+    fusion.norm_weight = cuda::DeviceVector{DType::kF32, cols, norm_dev.data()};
+    fusion.norm_eps = 1e-5f;
+    std::vector<float> unfolded;
+    for (int fold : {0, 1, 2}) {
+      SCOPED_TRACE(std::string(input == cuda::GemvInput::kRmsNorm ? "RMSNorm" : "SiLU * up") + ", fold " + std::to_string(fold));
+      auto y = cuda::DeviceBuffer::allocate(rows * 4);
+      ASSERT_TRUE(y.ok() && y->fill_bytes(0).ok());
+      cuda::GemvTmaOptions options;
+      options.k_splits = 3;
+      options.fold_zeros = fold;
+      const cuda::GemvGroupMember member{&m.device.view(), y->as<float>()};
+      ASSERT_TRUE(cuda::gemv_gptq_tma_grouped({&member, 1}, x_dev.as<float>(), multiprocessors, nullptr, options, fusion).ok());
+      const std::vector<float> got = download_floats(*y, rows);
+      if (fold == 0) unfolded = got;
+      EXPECT_LE(relative_l2(got, unfolded), 3e-4);
+    }
+  }
+  cuda::GemvTmaOptions bad;
+  bad.fold_zeros = 3;
+  auto y = cuda::DeviceBuffer::allocate(rows * 4);
+  ASSERT_TRUE(y.ok());
+  EXPECT_EQ(cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, bad).code(),
+            ErrorCode::kInvalidArgument);
+}
+
 // gemv_tma.h's tensor-copy-fed GEMV (a probe for the decode step, not used by the model): the register kernel's
 // arithmetic, so ref::matmul's sums within kTolerance, on shapes with partial row tiles, partial warps, partial
 // stages and uneven slices, every stage count; and what it refuses.
