@@ -21,7 +21,7 @@ timeout $(cap 100) $B/petrel_tests --gtest_filter='*GemvTma*:*CudaModelGptq*:*Te
 grep -E "fold_zeros|zeros folded|FAILED|PASSED|tests ran|Failure|error" $W/tests.txt | head -30; at
 G="$B/petrel_bench_gemv_cuda --reps 10 --calls 40 --tma 1 --tma-fold"
 timeout $(cap 50) $G --shapes 28672x4096,6144x4096,4096x14336 > $W/gemv_mem.md 2>&1; grep -E "copy|tma|atomic" $W/gemv_mem.md | head -20
-timeout $(cap 40) $G --tma 1,2 --l2-hot --shapes 28672x2048 > $W/gemv_l2.md 2>&1; grep -E "tma|atomic" $W/gemv_l2.md | head -8
+timeout $(cap 40) $G --l2-hot --shapes 28672x2048 > $W/gemv_l2.md 2>&1; grep -E "tma|atomic" $W/gemv_l2.md | head -8
 timeout $(cap 30) $G --uniform-zeros --shapes 28672x4096:128,4096x14336:128 > $W/gemv_g128.md 2>&1; grep -E "tma|atomic" $W/gemv_g128.md | head -10; at
 D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0"
 timeout $(cap 130) $D --group -1 --reps 3 --variants fused,fused-fz1,fused-fz2,fused,fused-fz1,fused-fz2 > $W/step_pc.md 2>&1
@@ -42,7 +42,7 @@ done
 M="gpu__time_duration.sum,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__issue_active.avg.per_cycle_active,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active$stalls"
 for f in 0 1; do
   [ $(left) -gt 30 ] && timeout $(cap 60) $NCU --clock-control none --metrics $M --kernel-name-base demangled \
-    -k "regex:gemv_tma_kernel<.*\(int\)$f, \(bool\)0>" --launch-skip 3 --launch-count 1 \
+    -k "regex:gemv_tma_kernel<.*, $f, false>" --launch-skip 3 --launch-count 1 \
     $B/petrel_bench_gemv_cuda --reps 2 --calls 4 --tma 1 --tma-fold --shapes 28672x4096 > $W/ncu_fold$f.txt 2>&1
   echo "## ncu fold $f"; grep -E "gemv_tma_kernel|duration|dram__|inst_executed|issue_active|warps_|stalled" $W/ncu_fold$f.txt | sed 's/  */ /g' | head -24
 done; at
