@@ -67,8 +67,6 @@
 //                     it the device decides (1 at group 128 on an H200, else 0), so the register step everywhere
 //                     is "fused-tmad0-tmaq0-tmag0"
 //                     "-tmaoS" (before "-tmadS"): o likewise (added into the residual), e.g. fused-tmao1-tmaq1-tmag1
-//   any of them with "-fzN" (last, before any "-ctxN"): the tensor-copy GEMVs' zero-folded dequantization N = 1
-//                     or 2 (CudaModelOptions::decode_tma_fold_zeros, GemvTmaOptions::fold_zeros), e.g. fused-tmad1-fz1
 //   any of them with "-uz0" (before "-ctxN"): group 128's GEMVs load and decode every group's zeros even where all
 //                     are one value (CudaModelOptions::decode_uniform_zeros off), e.g. fused-uz0
 //   any of them with "-lateQG" (before "-uz0"): q/k/v and gate/up each with that many of its batches of weight
@@ -280,12 +278,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   take_number_suffix(base, "-ctx", 6, &o.context_length);
-  // "-fzN" (the last suffix before any "-ctxN"): the tensor-copy GEMVs' zero-folded build N (1 or 2;
-  // CudaModelOptions::decode_tma_fold_zeros), e.g. fused-fz1.
-  if (int64_t fold = 0; take_number_suffix(base, "-fz", 1, &fold)) {
-    if (fold > 2) return false;
-    o.decode_tma_fold_zeros = static_cast<int>(fold);
-  }
   // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
   // (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3.
   // "-tmagSP": P of the S stages asked for before the wait (CudaModelOptions::decode_tma_gate_up_prewait), e.g.

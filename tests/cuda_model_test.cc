@@ -430,10 +430,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   expect_close(tma, "q/k/v, gate/up and down by tensor copies");
   tma.decode_tma_o_stages = 1;  // and o (added into the residual)
   expect_close(tma, "every product by tensor copies");
-  for (const int fold : {1, 2}) {  // and their zero-folded dequantization (GemvTmaOptions::fold_zeros)
-    tma.decode_tma_fold_zeros = fold;
-    expect_close(tma, "every product by tensor copies, zeros folded " + std::to_string(fold));
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

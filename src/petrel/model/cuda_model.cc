@@ -386,7 +386,6 @@ struct CudaModel::State {
         tma.k_splits = k_splits;
         tma.prewait_stages = options.decode_tma_prewait;
         tma.late_dependents = options.decode_tma_late_dependents;
-        tma.fold_zeros = options.decode_tma_fold_zeros;
         tma.overlap_previous = overlap;
         return tma;
       };

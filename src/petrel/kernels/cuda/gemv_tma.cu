@@ -105,15 +105,14 @@ struct TmaMaps {
 // Dynamic shared memory: the warps' rings (1024-byte aligned), the staged x (fp16 fragments), the mbarriers,
 // and with kNorm the slice's norm weights and x (float32).
 struct TmaSharedLayout {
-  size_t rings, x_staged, bars, sums, norm, x_slice, bytes;
+  size_t rings, x_staged, bars, norm, x_slice, bytes;
 };
 __host__ __device__ inline TmaSharedLayout tma_shared_layout(int stages, int steps_per_split, int norm_bytes) {
   TmaSharedLayout l;
   l.rings = 0;
   l.x_staged = size_t{kWarps} * stages * kStageBytes;
   l.bars = l.x_staged + static_cast<size_t>(steps_per_split) * kWordsPerStep * 16;
-  l.sums = l.bars + size_t{kWarps} * stages * 8;  // kFold: x's sums a half stage (float2), to whole stages
-  l.norm = l.sums + static_cast<size_t>((steps_per_split + kStageSteps - 1) / kStageSteps) * 2 * 8;
+  l.norm = l.bars + size_t{kWarps} * stages * 8;
   const size_t inputs = static_cast<size_t>(steps_per_split) * kWordsPerStep * 8;
   l.x_slice = l.norm + (norm_bytes > 0 ? (inputs * norm_bytes + 15) / 16 * 16 : 0);
   l.bytes = l.x_slice + (norm_bytes > 0 ? inputs * 4 : 0) + kSwizzleAlign;  // + the alignment's slack
@@ -131,83 +130,46 @@ __device__ __forceinline__ void read_stage(const uint8_t* stage, int quad_row, i
 
 // Steps first + kFrom .. first + kFrom + kCount - 1 of a stage (those below `steps`) times x (x_staged: fp16
 // fragments, 4 words a step) into the accumulators.
-template <int kFrom, int kCount, int kFold>
+template <int kFrom, int kCount>
 __device__ __forceinline__ void stage_steps(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
                                             int quad_col, const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4],
                                             float (&acc01)[4], float (&acc23)[4]) {
-  auto step = [&](int j) {
-    const uint4 xf = x_staged[(first + j) * kWordsPerStep + quad_col];
-    if constexpr (kFold != 0) {
-      mma_step4_biased<kFold == 1 ? 1024 : 64>(acc01, acc23, w[j], xf);
-    } else {
-      mma_step4(acc01, acc23, w[j], xf, bias_low, bias_high);
-    }
-  };
   if (first + kFrom + kCount <= steps) {
 #pragma unroll
     for (int j = kFrom; j < kFrom + kCount; ++j) {
-      step(j);
+      mma_step4(acc01, acc23, w[j], x_staged[(first + j) * kWordsPerStep + quad_col], bias_low, bias_high);
     }
   } else {
 #pragma unroll
     for (int j = kFrom; j < kFrom + kCount; ++j) {
-      if (first + j < steps) step(j);
+      if (first + j < steps) mma_step4(acc01, acc23, w[j], x_staged[(first + j) * kWordsPerStep + quad_col], bias_low, bias_high);
     }
   }
 }
 
-// kFold: the magic-and-zero terms of a stage's (or half stage's) sums, per row: with kFold 1 (1024 + z) times
-// x's sum at even codes plus (64 + z) times its sum at odd codes (dequant_word4_biased), with kFold 2 (64 + z)
-// times both (dequant_word4_biased64); z = each row's zero.
-struct FoldedZeros {
-  float low[4], high[4];  // 1024 + z and 64 + z of the thread's 4 rows
-};
-__device__ __forceinline__ void folded_biases(const FoldedZeros& z, float2 sums, float (&bias)[4]) {
-#pragma unroll
-  for (int r = 0; r < 4; ++r) bias[r] = fmaf(z.low[r], sums.x, z.high[r] * sums.y);
-}
-
 // A stage's 8 steps into the accumulators, then promoted into `total` (every stage: 8 steps, gemv_gptq's
-// kPromoteSteps; per-channel scales). kFold: `sums` (x's two half-stage sums) gives the terms to take off.
-template <int kFold>
+// kPromoteSteps; per-channel scales).
 __device__ __forceinline__ void compute_stage(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
                                               int quad_col, const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4],
-                                              const float (&scale)[4], const FoldedZeros& zeros, const float2* sums,
-                                              float (&acc01)[4], float (&acc23)[4], float (&total)[4]) {
-  stage_steps<0, kStageSteps, kFold>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
-  if constexpr (kFold != 0) {
-    const float4 both = *reinterpret_cast<const float4*>(sums);  // the stage's two halves (16-byte aligned)
-    float bias[4];
-    folded_biases(zeros, make_float2(both.x + both.z, both.y + both.w), bias);
-    promote4_folded(total, scale, bias, acc01, acc23);
-  } else {
-    promote4(total, scale, acc01, acc23);
-  }
+                                              const float (&scale)[4], float (&acc01)[4], float (&acc23)[4], float (&total)[4]) {
+  stage_steps<0, kStageSteps>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
+  promote4(total, scale, acc01, acc23);
 }
 
 // The grouped build's stage: each half (4 steps, within one group: groups are multiples of 4 steps and slices
 // start at multiples of 4) promoted with its group's scales (raw[0], raw[1]), as gemv_gptq promotes at every
 // group change.
-template <int kFold>
 __device__ __forceinline__ void compute_stage_grouped(const uint4 (&w)[kStageSteps], const uint4* x_staged, int first, int steps,
                                                       int quad_col, const uint32_t (&bias_low)[4], const uint32_t (&bias_high)[4],
-                                                      const uint2 (&raw)[2], const FoldedZeros& zeros, const float2* sums,
-                                                      float (&acc01)[4], float (&acc23)[4], float (&total)[4]) {
+                                                      const uint2 (&raw)[2], float (&acc01)[4], float (&acc23)[4],
+                                                      float (&total)[4]) {
   float scale[4];
-  auto promote = [&](int half) {
-    decode_scales(raw[half], scale);
-    if constexpr (kFold != 0) {
-      float bias[4];
-      folded_biases(zeros, sums[half], bias);
-      promote4_folded(total, scale, bias, acc01, acc23);
-    } else {
-      promote4(total, scale, acc01, acc23);
-    }
-  };
-  stage_steps<0, 4, kFold>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
-  promote(0);
-  stage_steps<4, 4, kFold>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
-  promote(1);
+  stage_steps<0, 4>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
+  decode_scales(raw[0], scale);
+  promote4(total, scale, acc01, acc23);
+  stage_steps<4, 4>(w, x_staged, first, steps, quad_col, bias_low, bias_high, acc01, acc23);
+  decode_scales(raw[1], scale);
+  promote4(total, scale, acc01, acc23);
 }
 
 // The grouped build: the 4 rows' scales of both halves of stage `chunk` (the groups of its first and fifth steps;
@@ -249,7 +211,7 @@ __device__ __forceinline__ void clear_vectors(const TmaArgs& a, int64_t b, int64
 // otherwise per channel. kTimeline: thread 0 stamps the block's phases into a.timeline (timeline.h; the same
 // points and record kind as gemv_gptq's vector kernels, so timeline_report.py reads both: t5 the stages asked
 // for before the wait, t1 past the wait, t4 the sum of squares, t2 x staged, t3 out of the loop, t8 the end).
-template <GemvInput kInput, bool kGrouped, int kFold, bool kTimeline>
+template <GemvInput kInput, bool kGrouped, bool kTimeline>
 __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constant__ TmaMaps maps, const TmaArgs a) {
   constexpr bool kNorm = kInput == GemvInput::kRmsNorm;
   uint64_t stamps[kTimelineStamps] = {};
@@ -268,7 +230,6 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
   uint8_t* const ring = base + layout.rings + warp * a.stages * kStageBytes;
   uint4* const x_staged = reinterpret_cast<uint4*>(base + layout.x_staged);
   uint64_t* const bars = reinterpret_cast<uint64_t*>(base + layout.bars) + warp * a.stages;
-  float2* const sums = reinterpret_cast<float2*>(base + layout.sums);  // kFold
 
   // The block's member: selected with constant indices (no local-memory copy of the table).
   const int tile = static_cast<int>(blockIdx.x);
@@ -351,36 +312,9 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
       return __ldcg(x4 + first_input / 4 + j);
     }
   };
-  const int words = steps * kWordsPerStep;
-  if constexpr (kFold != 0) {
-    // And x's sums (as staged, in fp16) at even and odd codes over each half stage (16 words: 16 lanes of one
-    // warp, 16-aligned), zero past the slice's last half up to whole stages.
-    for (int at = 0; at < words; at += kThreads) {
-      const int i = at + threadIdx.x;
-      float even = 0.0f, odd = 0.0f;
-      if (i < words) {
-        const float4 lo = input4(2 * i), hi = input4(2 * i + 1);
-        const uint4 f = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z), pack_half2(lo.w, hi.w));
-        x_staged[i] = f;
-        const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&f.x)), f1 = __half22float2(*reinterpret_cast<const __half2*>(&f.y)),
-                     f2 = __half22float2(*reinterpret_cast<const __half2*>(&f.z)), f3 = __half22float2(*reinterpret_cast<const __half2*>(&f.w));
-        even = (f0.x + f0.y) + (f2.x + f2.y);  // codes 0, 4, 2, 6
-        odd = (f1.x + f1.y) + (f3.x + f3.y);   // codes 1, 5, 3, 7
-      }
-#pragma unroll
-      for (int offset = 8; offset > 0; offset /= 2) {
-        even += __shfl_xor_sync(0xFFFFFFFFu, even, offset);
-        odd += __shfl_xor_sync(0xFFFFFFFFu, odd, offset);
-      }
-      if (lane % 16 == 0 && i < words) sums[i / 16] = make_float2(even, odd);
-    }
-    const int halves = (words + 15) / 16;
-    if (threadIdx.x == 0 && halves % 2 == 1) sums[halves] = make_float2(0.0f, 0.0f);
-  } else {
-    for (int i = threadIdx.x; i < words; i += kThreads) {
-      const float4 lo = input4(2 * i), hi = input4(2 * i + 1);
-      x_staged[i] = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z), pack_half2(lo.w, hi.w));
-    }
+  for (int i = threadIdx.x; i < steps * kWordsPerStep; i += kThreads) {
+    const float4 lo = input4(2 * i), hi = input4(2 * i + 1);
+    x_staged[i] = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z), pack_half2(lo.w, hi.w));
   }
   if (lane == 0) {  // the stages not asked for before the wait
     for (int c = a.prewait_stages; c < min(a.stages, chunks); ++c) refill(c, c);
@@ -392,15 +326,6 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
   zero_biases<4>(raw_zeros >> (4 * static_cast<int>(row % 8)), zero_bias_bases(part.zero_offset), bias_low, bias_high);
   float scale[4];
   if constexpr (!kGrouped) decode_scales(raw_scales, scale);
-  FoldedZeros zeros{};
-  if constexpr (kFold != 0) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float z = static_cast<float>(((raw_zeros >> (4 * static_cast<int>(row % 8 + r))) & 0xFu) + part.zero_offset);
-      zeros.low[r] = (kFold == 1 ? 1024.0f : 64.0f) + z;
-      zeros.high[r] = 64.0f + z;
-    }
-  }
 
   float acc01[4] = {0, 0, 0, 0}, acc23[4] = {0, 0, 0, 0}, total[4] = {0, 0, 0, 0};
   for (int c = 0; c < chunks; ++c) {
@@ -418,11 +343,9 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
     if constexpr (kGrouped) {
       const uint2 raw[2] = {stage_scales[0], stage_scales[1]};
       if (c + 1 < chunks) load_stage_scales(part.scales + row, part.rows, row_ok, first_step, c + 1, steps, a.group_steps, stage_scales);
-      compute_stage_grouped<kFold>(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, raw, zeros, sums + 2 * c,
-                                   acc01, acc23, total);
+      compute_stage_grouped(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, raw, acc01, acc23, total);
     } else {
-      compute_stage<kFold>(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, scale, zeros, sums + 2 * c, acc01,
-                           acc23, total);
+      compute_stage(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, scale, acc01, acc23, total);
     }
   }
   stamp(3);
@@ -491,9 +414,6 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
     return invalid_argument("gemv_gptq_tma: stages must be 1 to " + std::to_string(kMaxGemvTmaStages) + ", got " +
                             std::to_string(options.stages));
   }
-  if (options.fold_zeros < 0 || options.fold_zeros > 2) {
-    return invalid_argument("gemv_gptq_tma: fold_zeros must be 0, 1 or 2, got " + std::to_string(options.fold_zeros));
-  }
   const bool norm = fusion.input == GemvInput::kRmsNorm;
   WeightType norm_type = WeightType::kF32;
   if (norm) {
@@ -552,23 +472,17 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   if (timeline) args.timeline = *timeline;
   args.prewait_stages = options.prewait_stages < 0 ? options.stages : std::min(options.prewait_stages, options.stages);
   const size_t shared = tma_shared_layout(options.stages, steps_per_split, norm ? weight_type_bytes(norm_type) : 0).bytes;
-  auto pick = [&](auto grouped_build, auto fold_build, auto timeline_build) {
+  auto pick = [&](auto grouped_build, auto timeline_build) {
     constexpr bool kGrouped = decltype(grouped_build)::value, kTimeline = decltype(timeline_build)::value;
-    constexpr int kFold = decltype(fold_build)::value;
-    return norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm, kGrouped, kFold, kTimeline>
-           : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul, kGrouped, kFold, kTimeline>
-                                                 : gemv_tma_kernel<GemvInput::kPlain, kGrouped, kFold, kTimeline>;
+    return norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm, kGrouped, kTimeline>
+           : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul, kGrouped, kTimeline>
+                                                 : gemv_tma_kernel<GemvInput::kPlain, kGrouped, kTimeline>;
   };
   // The diagnostic twin (timeline.h) while a timeline is installed; the product's kernels carry none of it.
-  auto pick_timeline = [&](auto grouped_build, auto fold_build) {
-    return timeline ? pick(grouped_build, fold_build, std::true_type{}) : pick(grouped_build, fold_build, std::false_type{});
+  auto pick_timeline = [&](auto grouped_build) {
+    return timeline ? pick(grouped_build, std::true_type{}) : pick(grouped_build, std::false_type{});
   };
-  auto pick_fold = [&](auto grouped_build) {
-    return options.fold_zeros == 1   ? pick_timeline(grouped_build, std::integral_constant<int, 1>{})
-           : options.fold_zeros == 2 ? pick_timeline(grouped_build, std::integral_constant<int, 2>{})
-                                     : pick_timeline(grouped_build, std::integral_constant<int, 0>{});
-  };
-  auto kernel = grouped ? pick_fold(std::true_type{}) : pick_fold(std::false_type{});
+  auto kernel = grouped ? pick_timeline(std::true_type{}) : pick_timeline(std::false_type{});
   PETREL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                               "gemv_gptq_tma: " + std::to_string(shared) + " bytes of shared memory");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k_splits));

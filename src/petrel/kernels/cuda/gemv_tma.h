@@ -28,11 +28,6 @@ struct GemvTmaOptions {
   // file with four); the question was whether their early loads hurt this loop: in the decode step a late launch
   // lost 11-13% (H100, session 37), so no.
   bool late_dependents = false;
-  // The dequantization with the zeros folded out of the loop: 1, gptq_ptx.cuh's dequant_word4_biased (5 instead
-  // of 9 instructions a packed word); 2, dequant_word4_biased64 (7); each promotion takes the zeros' and magic
-  // numbers' terms off with x's sums. Session 43 found the consumer latency-bound at its instruction count (ncu:
-  // 0.45 issued a cycle a scheduler, ~475 instructions a 4 KB stage a warp); this asks whether fewer raise its rate.
-  int fold_zeros = 0;
 };
 inline constexpr int kMaxGemvTmaStages = 6;
 

@@ -107,63 +107,6 @@ __device__ __forceinline__ void mma_step4(float (&acc01)[4], float (&acc23)[4], 
   mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
 }
 
-// The zero-folded variant (gemv_tma's fold_zeros build): the codes with only the magic exponents, no zero
-// removed: {1024 + c0, 1024 + c4}, {64 + c1, 64 + c5}, {1024 + c2, 1024 + c6}, {64 + c3, 64 + c7} (bits 4..7 of
-// a half under exponent 6, 0x5400, read as 64 + c). 5 instructions a word instead of 9; the caller subtracts
-// (1024 + z) sum(x at even codes) + (64 + z) sum(x at odd codes) from the float sums at each promotion
-// (promote4_folded). Exact in fp16 as before; the float sums carry ~1024 x, which costs the tensor cores'
-// float32 accumulation ~8 of its 24 bits (relative error ~1e-5 a stage, measured by the kernel tests).
-constexpr uint32_t kHalf64x2 = 0x54005400u;  // fp16 64 in both halves: exponent 6, so mantissa bit 4 is 1
-__device__ __forceinline__ void dequant_word4_biased(uint32_t w, uint32_t (&v)[4]) {
-  const uint32_t w8 = w >> 8;
-  uint32_t d0, d1, d2, d3;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d0) : "r"(w), "n"(0x000F000Fu), "r"(kHalf1024x2));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d1) : "r"(w), "n"(0x00F000F0u), "r"(kHalf64x2));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d2) : "r"(w8), "n"(0x000F000Fu), "r"(kHalf1024x2));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d3) : "r"(w8), "n"(0x00F000F0u), "r"(kHalf64x2));
-  v[0] = d0;
-  v[1] = d1;
-  v[2] = d2;
-  v[3] = d3;
-}
-
-// The same with every code under exponent 6 ({64 + c} x2 for all four pairs), each nibble shifted to bits 4..7
-// of its half first: 7 instructions a word, the float sums carrying ~64 x instead of ~1024 x at half the codes.
-__device__ __forceinline__ void dequant_word4_biased64(uint32_t w, uint32_t (&v)[4]) {
-  const uint32_t w4 = w << 4, w12 = w >> 4, w8 = w >> 8;
-  uint32_t d0, d1, d2, d3;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d0) : "r"(w4), "n"(0x00F000F0u), "r"(kHalf64x2));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d1) : "r"(w), "n"(0x00F000F0u), "r"(kHalf64x2));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d2) : "r"(w12), "n"(0x00F000F0u), "r"(kHalf64x2));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d3) : "r"(w8), "n"(0x00F000F0u), "r"(kHalf64x2));
-  v[0] = d0;
-  v[1] = d1;
-  v[2] = d2;
-  v[3] = d3;
-}
-
-// mma_step4 with dequant_word4_biased (kMagic 1024: low codes 1024 + c, high 64 + c) or dequant_word4_biased64
-// (kMagic 64): no zeros, no biases.
-template <int kMagic>
-__device__ __forceinline__ void mma_step4_biased(float (&acc01)[4], float (&acc23)[4], const uint4& w, const uint4& xf) {
-  uint32_t v0[4], v1[4], v2[4], v3[4];
-  if constexpr (kMagic == 64) {
-    dequant_word4_biased64(w.x, v0);
-    dequant_word4_biased64(w.y, v1);
-    dequant_word4_biased64(w.z, v2);
-    dequant_word4_biased64(w.w, v3);
-  } else {
-    dequant_word4_biased(w.x, v0);
-    dequant_word4_biased(w.y, v1);
-    dequant_word4_biased(w.z, v2);
-    dequant_word4_biased(w.w, v3);
-  }
-  mma_m16n8k16(acc01, v0[0], v1[0], v0[1], v1[1], xf.x, xf.y);
-  mma_m16n8k16(acc01, v0[2], v1[2], v0[3], v1[3], xf.z, xf.w);
-  mma_m16n8k16(acc23, v2[0], v3[0], v2[1], v3[1], xf.x, xf.y);
-  mma_m16n8k16(acc23, v2[2], v3[2], v2[3], v3[3], xf.z, xf.w);
-}
-
 // The vector kernels' promotion: the accumulators of mma_step4 (every column holds the same sums: one of each
 // row's) times the rows' scales added into float32 totals, and cleared (the tensor cores' float32 accumulation
 // truncates: its sums are kept short).
@@ -172,17 +115,6 @@ __device__ __forceinline__ void promote4(float (&total)[4], const float (&scale)
   total[1] += scale[1] * acc01[2];
   total[2] += scale[2] * acc23[0];
   total[3] += scale[3] * acc23[2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc01[i] = acc23[i] = 0.0f;
-}
-
-// promote4 for mma_step4_biased's sums: each row's magic-and-zero term `bias` (per row) taken off first.
-__device__ __forceinline__ void promote4_folded(float (&total)[4], const float (&scale)[4], const float (&bias)[4],
-                                                float (&acc01)[4], float (&acc23)[4]) {
-  total[0] += scale[0] * (acc01[0] - bias[0]);
-  total[1] += scale[1] * (acc01[2] - bias[1]);
-  total[2] += scale[2] * (acc23[0] - bias[2]);
-  total[3] += scale[3] * (acc23[2] - bias[3]);
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc01[i] = acc23[i] = 0.0f;
 }
