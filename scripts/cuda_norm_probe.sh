@@ -1,0 +1,30 @@
+#!/bin/bash
+# Device-side, session 44: ONE call of at most LIMIT seconds (default 400). What the RMSNorm products' sum of
+# squares costs the decode step: every tensor-copy GEMV block with an RMSNorm input (q/k/v past layer 0, gate/up)
+# reads all of x and reduces it before staging its slice; the diagnostic -skip32 (GemvTmaOptions::
+# probe_norm_slice_only: wrong outputs) reads the slice only and takes 1 / rms as 1, the bound on what applying
+# the norm's scale in the consumer instead would give. Also the tensor copies asked for after x is staged
+# (-tmag10: prewait 0). Run tool: command `LIMIT=400 bash scripts/cuda_norm_probe.sh`, carry [".gl/pkg.tar.xz"],
+# after `ninja -C build && sh scripts/cuda_pack.sh build`. Everything lands in $OUT/all.tgz.
+set -u
+t0=$(date +%s); LIMIT=${LIMIT:-400}
+left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
+cap() { local l; l=$(left); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l - 5 : 1 )); }
+at() { echo "== at $(( $(date +%s) - t0 )) s"; }
+. scripts/cuda_unpack.sh >/dev/null 2>&1
+W=/tmp/probe; mkdir -p $W
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+timeout $(cap 60) $B/petrel_tests --gtest_filter='*GemvTma*:*FusedStep*:*TensorCopy*' > $W/tests.txt 2>&1
+grep -E "FAILED|PASSED|Failure" $W/tests.txt | head; at
+D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0"
+V=fused-tmaq1-tmag1; S=fused-skip32-tmaq1-tmag1
+timeout $(cap 110) $D --group -1 --reps 3 --variants $V,$S,fused-tmaq1-tmag10,$V,$S > $W/pc.md 2>&1
+grep -E "device|copy|^. fused|unknown" $W/pc.md; at
+timeout $(cap 100) $D --group 128 --reps 3 --variants $V,$S,fused-tmaq1-tmag10,$V,$S > $W/g128.md 2>&1
+grep -E "^. fused|unknown" $W/g128.md; at
+timeout $(cap 60) $D --group -1 --reps 1 -n 16 --variants $V,$S --timeline $W/tl_pc.csv > /dev/null 2>&1
+python3 scripts/timeline_report.py $W/tl_pc.csv --blocks > $W/tl_pc.md 2>&1
+grep -E "^## |^\| (q/k/v|attention|o|gate/up|down) |sum of squares done|RMSNorm" $W/tl_pc.md | head -24; at
+timeout $(cap 60) $D --group -1 --reps 2 -n 64 --depth 2000 --variants $V,$S > $W/depth.md 2>&1
+grep -E "^. fused|unknown" $W/depth.md; at
+tar czf $OUT/all.tgz -C $W .
