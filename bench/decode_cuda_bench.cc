@@ -292,7 +292,7 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
       n /= 10;
     }
     o.decode_tma_gate_up_stages = static_cast<int>(digits.size() >= 2 ? n / 10 : n);
-    if (digits.size() >= 2) o.decode_tma_prewait = static_cast<int>(n % 10);
+    if (digits.size() >= 2) o.decode_tma_gate_up_prewait = static_cast<int>(n % 10);
   }
   // "-tmaqS" (before any "-tmagS"): q/k/v past layer 0 likewise (CudaModelOptions::decode_tma_qkv_stages).
   if (int64_t stages = 0; take_number_suffix(base, "-tmaq", 1, &stages)) o.decode_tma_qkv_stages = static_cast<int>(stages);

@@ -3,8 +3,9 @@
 # squares costs the decode step: every tensor-copy GEMV block with an RMSNorm input (q/k/v past layer 0, gate/up)
 # reads all of x and reduces it before staging its slice; the diagnostic -skip32 (GemvTmaOptions::
 # probe_norm_slice_only: wrong outputs) reads the slice only and takes 1 / rms as 1, the bound on what applying
-# the norm's scale in the consumer instead would give. Also the tensor copies asked for after x is staged
-# (-tmag10: prewait 0). Run tool: command `LIMIT=400 bash scripts/cuda_norm_probe.sh`, carry [".gl/pkg.tar.xz"],
+# the norm's scale in the consumer instead would give (call 1: nothing on an H100). Call 2 asks instead whether
+# gate/up's stages asked for after its x is staged (-tmag10: CudaModelOptions::decode_tma_gate_up_prewait 0; its
+# blocks start only as o's leave, so its pre-wait stages are in flight while it reads x) pay. Run tool: command `LIMIT=400 bash scripts/cuda_norm_probe.sh`, carry [".gl/pkg.tar.xz"],
 # after `ninja -C build && sh scripts/cuda_pack.sh build`. Everything lands in $OUT/all.tgz.
 set -u
 t0=$(date +%s); LIMIT=${LIMIT:-400}
@@ -18,13 +19,13 @@ timeout $(cap 60) $B/petrel_tests --gtest_filter='*GemvTma*:*FusedStep*:*TensorC
 grep -E "FAILED|PASSED|Failure" $W/tests.txt | head; at
 D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0"
 V=fused-tmaq1-tmag1; S=fused-skip32-tmaq1-tmag1
-timeout $(cap 110) $D --group -1 --reps 3 --variants $V,$S,fused-tmaq1-tmag10,$V,$S > $W/pc.md 2>&1
+timeout $(cap 110) $D --group -1 --reps 3 --variants $V,fused-tmaq1-tmag10,$V,fused-tmaq1-tmag10 > $W/pc.md 2>&1
 grep -E "device|copy|^. fused|unknown" $W/pc.md; at
-timeout $(cap 100) $D --group 128 --reps 3 --variants $V,$S,fused-tmaq1-tmag10,$V,$S > $W/g128.md 2>&1
+timeout $(cap 100) $D --group 128 --reps 3 --variants $V,fused-tmaq1-tmag10,$V,fused-tmaq1-tmag10 > $W/g128.md 2>&1
 grep -E "^. fused|unknown" $W/g128.md; at
-timeout $(cap 60) $D --group -1 --reps 1 -n 16 --variants $V,$S --timeline $W/tl_pc.csv > /dev/null 2>&1
+timeout $(cap 60) $D --group -1 --reps 1 -n 16 --variants $V,fused-tmaq1-tmag10 --timeline $W/tl_pc.csv > /dev/null 2>&1
 python3 scripts/timeline_report.py $W/tl_pc.csv --blocks > $W/tl_pc.md 2>&1
-grep -E "^## |^\| (q/k/v|attention|o|gate/up|down) |sum of squares done|RMSNorm" $W/tl_pc.md | head -24; at
-timeout $(cap 60) $D --group -1 --reps 2 -n 64 --depth 2000 --variants $V,$S > $W/depth.md 2>&1
+grep -E "^## |^\| (q/k/v|attention|o|gate/up|down) |sum of squares done|RMSNorm|  staged|  past the wait|  started|out of the loop [0-9]" $W/tl_pc.md | head -40; at
+timeout $(cap 60) $D --group -1 --reps 2 -n 64 --depth 2000 --variants $V,fused-tmaq1-tmag10 > $W/depth.md 2>&1
 grep -E "^. fused|unknown" $W/depth.md; at
 tar czf $OUT/all.tgz -C $W .
