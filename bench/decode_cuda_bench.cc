@@ -83,8 +83,7 @@
 //                     (CudaModelOptions::decode_attention_blocks), e.g. fused-attnb2, fused-attnb4-ctx8192
 //   any of them with "-skipN" (before "-attnbN"; diagnostic, wrong outputs): the fused step without the phases
 //                     of bit mask N (1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; CudaModelOptions::
-//                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2; 32:
-//                     the tensor-copy GEMVs' RMSNorm without its sum of squares, x read over the slice only
+//                     decode_skip_phases): a phase's marginal cost in the overlapped step, e.g. fused-skip2
 //   any of them with "-acold" (before "-skipN"): the fused attention kernel's tensor-core build without its warm
 //                     pass (CudaModelOptions::decode_attention_warm off), e.g. fused-acold
 //   any of them with "-pfqN", "-pfoN", "-pfgN", "-pfdN" (before "-acold"): N steps of L2 prefetch for that product
@@ -342,8 +341,7 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // "-attnbN": the fused attention kernel in at most N blocks a KV head (CudaModelOptions::decode_attention_blocks).
   take_number_suffix(base, "-attnb", 2, &o.decode_attention_blocks);
   // "-skipN" (diagnostic: wrong outputs): the fused step without the phases of bit mask N
-  // (CudaModelOptions::decode_skip_phases: 1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down; 32 the tensor-copy
-  // GEMVs' norm reduction), e.g. fused-skip2.
+  // (CudaModelOptions::decode_skip_phases: 1 q/k/v, 2 attention, 4 o, 8 gate/up, 16 down), e.g. fused-skip2.
   int64_t skip = 0;
   if (take_number_suffix(base, "-skip", 2, &skip)) o.decode_skip_phases = static_cast<uint32_t>(skip);
   // "-acold": the fused attention kernel's tensor-core build without its warm pass

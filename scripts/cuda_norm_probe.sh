@@ -1,9 +1,9 @@
 #!/bin/bash
-# Device-side, session 44: ONE call of at most LIMIT seconds (default 400). What the RMSNorm products' sum of
-# squares costs the decode step: every tensor-copy GEMV block with an RMSNorm input (q/k/v past layer 0, gate/up)
-# reads all of x and reduces it before staging its slice; the diagnostic -skip32 (GemvTmaOptions::
-# probe_norm_slice_only: wrong outputs) reads the slice only and takes 1 / rms as 1, the bound on what applying
-# the norm's scale in the consumer instead would give (call 1: nothing on an H100). Call 2 asks instead whether
+# Device-side, session 44: ONE call of at most LIMIT seconds (default 400). Call 1 asked what the RMSNorm
+# products' sum of squares costs the decode step, through a diagnostic -skip32 (each tensor-copy GEMV block read
+# x over its slice only and took 1 / rms as 1: the bound on applying the norm's scale in the consumer): nothing
+# on an H100 (docs/PERFORMANCE.md, session 44); that probe's code is gone again (`git show 074ab30 -- src bench`
+# brings it back, with this script's call-1 variants $V,$S,...). Call 2 (this script as it is) asks whether
 # gate/up's stages asked for after its x is staged (-tmag10: CudaModelOptions::decode_tma_gate_up_prewait 0; its
 # blocks start only as o's leave, so its pre-wait stages are in flight while it reads x) pay. Run tool: command `LIMIT=400 bash scripts/cuda_norm_probe.sh`, carry [".gl/pkg.tar.xz"],
 # after `ninja -C build && sh scripts/cuda_pack.sh build`. Everything lands in $OUT/all.tgz.
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 timeout $(cap 60) $B/petrel_tests --gtest_filter='*GemvTma*:*FusedStep*:*TensorCopy*' > $W/tests.txt 2>&1
 grep -E "FAILED|PASSED|Failure" $W/tests.txt | head; at
 D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0"
-V=fused-tmaq1-tmag1; S=fused-skip32-tmaq1-tmag1
+V=fused-tmaq1-tmag1
 timeout $(cap 110) $D --group -1 --reps 3 --variants $V,fused-tmaq1-tmag10,$V,fused-tmaq1-tmag10 > $W/pc.md 2>&1
 grep -E "device|copy|^. fused|unknown" $W/pc.md; at
 timeout $(cap 100) $D --group 128 --reps 3 --variants $V,fused-tmaq1-tmag10,$V,fused-tmaq1-tmag10 > $W/g128.md 2>&1

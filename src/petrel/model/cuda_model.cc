@@ -386,7 +386,6 @@ struct CudaModel::State {
         tma.k_splits = k_splits;
         tma.prewait_stages = options.decode_tma_prewait;
         tma.late_dependents = options.decode_tma_late_dependents;
-        tma.probe_norm_slice_only = (skip & CudaModelOptions::kSkipNormReduce) != 0;
         tma.overlap_previous = overlap;
         return tma;
       };

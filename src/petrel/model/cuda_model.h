@@ -207,8 +207,6 @@ struct CudaModelOptions {
   // docs/PERFORMANCE.md, session 19).
   uint32_t decode_skip_phases = 0;
   static constexpr uint32_t kSkipQkv = 1, kSkipAttention = 2, kSkipO = 4, kSkipGateUp = 8, kSkipDown = 16;
-  // And the tensor-copy GEMVs' RMSNorm sum of squares (GemvTmaOptions::probe_norm_slice_only; -skip32).
-  static constexpr uint32_t kSkipNormReduce = 32;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Constrained decoding (JSON mode, structured outputs, forced tool calls) with greedy or top-k sampling through

@@ -94,7 +94,6 @@ struct TmaArgs {
   int steps_per_split, total_steps, stages, prewait_stages;
   int group_steps;  // the grouped build: steps a group (a multiple of 4; slices start at multiples of 4 steps)
   int late_dependents;  // GemvTmaOptions::late_dependents
-  int probe_norm_slice_only;  // GemvTmaOptions::probe_norm_slice_only (diagnostic)
   const void* tag;       // the first member's qweight: the timeline's tag of this launch (as gemv_gptq's)
   TimelineRing timeline;  // read only by the kTimeline instantiations (timeline.h)
 };
@@ -287,11 +286,10 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
   if constexpr (kNorm) {
     // 1 / sqrt(mean(x^2) + eps) over all of x, every block (as gemv_gptq's input_inv_rms: per thread in element
     // order, then the warp's shuffles, then the warps in order); the slice's elements kept in shared memory.
-    const int64_t slice_begin4 = first_input / 4, slice_end4 = slice_begin4 + inputs / 4;
-    const int64_t n4 = a.probe_norm_slice_only ? slice_end4 : a.cols / 4;
+    const int64_t n4 = a.cols / 4, slice_begin4 = first_input / 4, slice_end4 = slice_begin4 + inputs / 4;
     float sum = 0.0f;
 #pragma unroll 8
-    for (int64_t i = threadIdx.x + (a.probe_norm_slice_only ? slice_begin4 : 0); i < n4; i += kThreads) {
+    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
       const float4 v = __ldcg(x4 + i);
       if (i >= slice_begin4 && i < slice_end4) reinterpret_cast<float4*>(x_slice)[i - slice_begin4] = v;
       sum = fmaf(v.x, v.x, sum);
@@ -299,12 +297,7 @@ __global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constan
       sum = fmaf(v.z, v.z, sum);
       sum = fmaf(v.w, v.w, sum);
     }
-    if (a.probe_norm_slice_only) {
-      cp_async_wait<0>();
-      __syncthreads();
-    } else {
-      inv_rms = inv_rms_after_copies(sum, a);
-    }
+    inv_rms = inv_rms_after_copies(sum, a);
     stamp(4);
   }
   // x of the slice in fp16, per word in fragment order {x0,x4},{x1,x5},{x2,x6},{x3,x7} (as gemv_gptq.cu).
@@ -474,7 +467,6 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   args.group_steps = grouped ? static_cast<int>(w0.group_size / 32) : 0;
   args.stages = options.stages;
   args.late_dependents = options.late_dependents ? 1 : 0;
-  args.probe_norm_slice_only = options.probe_norm_slice_only ? 1 : 0;
   args.tag = w0.qweight;
   const TimelineRing* timeline = active_timeline();
   if (timeline) args.timeline = *timeline;

@@ -28,10 +28,6 @@ struct GemvTmaOptions {
   // file with four); the question was whether their early loads hurt this loop: in the decode step a late launch
   // lost 11-13% (H100, session 37), so no.
   bool late_dependents = false;
-  // Diagnostic (wrong outputs): the RMSNorm input read over the block's slice only, no sum of squares (1 / rms
-  // taken as 1). What the step would gain if the norm's scale were applied by the consumer of y instead (the
-  // scale is one number a token: W (g * x / rms) = (W (g * x)) / rms), so that no block reads all of x.
-  bool probe_norm_slice_only = false;
 };
 inline constexpr int kMaxGemvTmaStages = 6;
 
