@@ -5,8 +5,9 @@
 # on an H100 (docs/PERFORMANCE.md, session 44); that probe's code is gone again (`git show 074ab30 -- src bench`
 # brings it back, with this script's call-1 variants $V,$S,...). Call 2 (this script as it is) asks whether
 # gate/up's stages asked for after its x is staged (-tmag10: CudaModelOptions::decode_tma_gate_up_prewait 0; its
-# blocks start only as o's leave, so its pre-wait stages are in flight while it reads x) pay. Run tool: command `LIMIT=400 bash scripts/cuda_norm_probe.sh`, carry [".gl/pkg.tar.xz"],
-# after `ninja -C build && sh scripts/cuda_pack.sh build`. Everything lands in $OUT/all.tgz.
+# blocks start only as o's leave, so its pre-wait stages are in flight while it reads x) pay: -1.4% on an H100.
+# Run tool: command `LIMIT=400 bash scripts/cuda_norm_probe.sh`, carry [".gl/pkg.tar.xz"], after
+# `ninja -C build && sh scripts/cuda_pack.sh build`. Everything lands in $OUT/all.tgz.
 set -u
 t0=$(date +%s); LIMIT=${LIMIT:-400}
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }

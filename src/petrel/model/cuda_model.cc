@@ -430,7 +430,9 @@ struct CudaModel::State {
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
       cuda::GemvTmaOptions tma_gate_up = tma_for(options.decode_tma_gate_up_stages, options.decode_splits.gate_up,
                                                  {&w.gate_proj.quantized.view(), &w.up_proj.quantized.view()});
-      if (options.decode_tma_gate_up_prewait != CudaModelOptions::kTmaPrewaitAsOthers) tma_gate_up.prewait_stages = options.decode_tma_gate_up_prewait;
+      if (options.decode_tma_gate_up_prewait != CudaModelOptions::kTmaPrewaitAsOthers) {
+        tma_gate_up.prewait_stages = options.decode_tma_gate_up_prewait;
+      }
       if (!(skip & CudaModelOptions::kSkipGateUp) && tma_gate_up.stages > 0) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(gate_up, residual, gemv_workspace.multiprocessors(), s, tma_gate_up,
