@@ -57,8 +57,10 @@
 //                     attention kernel's grid is min(N / 32, 32) blocks a KV head), e.g. fused-ctx256
 //   any of them with "-tmagS" (before "-ctxN"): gate/up through the tensor-copy-fed GEMV (gemv_tma.h), S stages of
 //                     4 KB in flight per warp (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3;
-//                     "-tmagSP": P of them asked for before the wait, the rest once x is staged, e.g. fused-tmag30;
-//                     "-tmagSPD": D = 1 launches down only after gate/up's loop (late_dependents), e.g. fused-tmag221;
+//                     "-tmagSP": P of them asked for before the wait, the rest once x is staged (P for every
+//                     tensor-copy product, decode_tma_prewait), e.g. fused-tmag30;
+//                     "-tmagSPD": D = 1 launches down only after gate/up's loop (late_dependents; every tensor-copy
+//                     product's next launch likewise), e.g. fused-tmag221;
 //                     "-tmaqS" (before "-tmagS"): q/k/v past layer 0 likewise, e.g. fused-tmaq1-tmag1; without them
 //                     the device decides (CudaModelOptions::kTmaAuto: 1 and 1 on an H200, and at group 128 on any
 //                     Hopper; the label says so), and
@@ -280,8 +282,10 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
   // (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3.
-  // "-tmagSP": P of the S stages asked for before the wait (CudaModelOptions::decode_tma_gate_up_prewait), e.g.
-  // fused-tmag30; "-tmagSPD": D = 1, down launched after gate/up's loop (decode_tma_gate_up_late_dependents).
+  // "-tmagSP": P of the S stages asked for before the wait, for every tensor-copy product
+  // (CudaModelOptions::decode_tma_prewait), e.g. fused-tmag30; "-tmagSPD": D = 1, the next launch allowed after the
+  // loop, likewise for every one (decode_tma_late_dependents). gate/up's alone with P = 0 (session 44, f12cc24,
+  // since removed) lost 1.4% tg128 on an H100.
   if (const size_t at = base.rfind("-tmag"); at != std::string::npos) {
     const std::string digits = base.substr(at + 5);
     int64_t n = 0;
@@ -291,7 +295,7 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
       n /= 10;
     }
     o.decode_tma_gate_up_stages = static_cast<int>(digits.size() >= 2 ? n / 10 : n);
-    if (digits.size() >= 2) o.decode_tma_gate_up_prewait = static_cast<int>(n % 10);
+    if (digits.size() >= 2) o.decode_tma_prewait = static_cast<int>(n % 10);
   }
   // "-tmaqS" (before any "-tmagS"): q/k/v past layer 0 likewise (CudaModelOptions::decode_tma_qkv_stages).
   if (int64_t stages = 0; take_number_suffix(base, "-tmaq", 1, &stages)) o.decode_tma_qkv_stages = static_cast<int>(stages);

@@ -4,8 +4,10 @@
 # x over its slice only and took 1 / rms as 1: the bound on applying the norm's scale in the consumer): nothing
 # on an H100 (docs/PERFORMANCE.md, session 44); that probe's code is gone again (`git show 074ab30 -- src bench`
 # brings it back, with this script's call-1 variants $V,$S,...). Call 2 (this script as it is) asks whether
-# gate/up's stages asked for after its x is staged (-tmag10: CudaModelOptions::decode_tma_gate_up_prewait 0; its
-# blocks start only as o's leave, so its pre-wait stages are in flight while it reads x) pay: -1.4% on an H100.
+# gate/up's stages asked for after its x is staged (-tmag10 with f12cc24's CudaModelOptions::
+# decode_tma_gate_up_prewait, since removed: without it -tmag10 sets every tensor-copy product's pre-wait stages;
+# gate/up's blocks start only as o's leave, so its pre-wait stages are in flight while it reads x) pay: -1.4% on
+# an H100.
 # Run tool: command `LIMIT=400 bash scripts/cuda_norm_probe.sh`, carry [".gl/pkg.tar.xz"], after
 # `ninja -C build && sh scripts/cuda_pack.sh build`. Everything lands in $OUT/all.tgz.
 set -u

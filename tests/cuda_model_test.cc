@@ -427,7 +427,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   tma.decode_tma_prewait = 0;
   expect_close(tma, "q/k/v and gate/up by tensor copies");
   tma.decode_tma_down_stages = 2;  // and down (SiLU * up input, the grid of slices)
-  tma.decode_tma_gate_up_prewait = 2;  // gate/up's stages all asked for before its wait, the others' after
   expect_close(tma, "q/k/v, gate/up and down by tensor copies");
   tma.decode_tma_o_stages = 1;  // and o (added into the residual)
   expect_close(tma, "every product by tensor copies");

@@ -428,11 +428,8 @@ struct CudaModel::State {
       post_attention_norm.norm_weight = w.post_attn_norm.weight;
       const cuda::GemvGroupMember gate_up[] = {{&w.gate_proj.quantized.view(), gate.as<float>()},
                                                {&w.up_proj.quantized.view(), up.as<float>()}};
-      cuda::GemvTmaOptions tma_gate_up = tma_for(options.decode_tma_gate_up_stages, options.decode_splits.gate_up,
-                                                 {&w.gate_proj.quantized.view(), &w.up_proj.quantized.view()});
-      if (options.decode_tma_gate_up_prewait != CudaModelOptions::kTmaPrewaitAsOthers) {
-        tma_gate_up.prewait_stages = options.decode_tma_gate_up_prewait;
-      }
+      const cuda::GemvTmaOptions tma_gate_up = tma_for(options.decode_tma_gate_up_stages, options.decode_splits.gate_up,
+                                                       {&w.gate_proj.quantized.view(), &w.up_proj.quantized.view()});
       if (!(skip & CudaModelOptions::kSkipGateUp) && tma_gate_up.stages > 0) {
         const cuda::ScopedLaunchCarveout carveout(carveouts.gate_up);
         PETREL_RETURN_IF_ERROR(cuda::gemv_gptq_tma_grouped(gate_up, residual, gemv_workspace.multiprocessors(), s, tma_gate_up,

@@ -159,11 +159,6 @@ struct CudaModelOptions {
   int decode_tma_down_stages = kTmaAuto;
   int decode_tma_o_stages = 0;     // o likewise (added into the residual; "-tmaoS"; session 40)
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
-  // gate/up's alone (kTmaPrewaitAsOthers: decode_tma_prewait's; "-tmagSP" sets it). Its blocks start only as o's
-  // leave their SMs, so the stages it asks for before the wait are in flight while it reads x, slowing that read;
-  // yet none before the wait lost 1.4% tg128 on an H100 (session 44): the weight bytes lost cost more.
-  static constexpr int kTmaPrewaitAsOthers = -2;
-  int decode_tma_gate_up_prewait = kTmaPrewaitAsOthers;
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
