@@ -7,13 +7,19 @@
 //
 //   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
 //                            [--reps N] [-n N] [--prompt N] [--depth N] [--kernels]
-//                            [--variants unfused,fused-serial,...] [--timeline FILE]
+//                            [--variants unfused,fused-serial,...] [--timeline FILE] [--warm-up] [--untimed]
+//                            [--copy-gbs X]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
 // speed does not depend on the values, and no 16 GB float checkpoint has to be written and quantized first.
 // --depth N (llama-bench's "tg128 @ dN"): every timed run of decode steps starts after an untimed prompt of N
 // tokens, so that attention reads an N-position cache (give the variant a cache that holds it, e.g. fused-ctx8192).
+// --warm-up creates each variant's model as `petrel run` and `petrel bench` do (CudaModelOptions::warm_up: a
+// prompt per prefill kernel family and a decode step at creation; "upload s" then includes them); --untimed
+// leaves out the timing events around each step (CudaModelOptions::time_steps; "GPU ms/token" then reads 0).
+// --copy-gbs X takes the device-to-device copy bandwidth as X GB/s instead of measuring it first (2 GiB of
+// buffers allocated, copied and freed before the model's weights are placed).
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
 // counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
@@ -250,6 +256,9 @@ struct Options {
   int depth = 0;
   bool kernels = false;
   std::string timeline;  // CSV path, or empty
+  bool warm_up = false;     // --warm-up: CudaModelOptions::warm_up on, as `petrel run` and `petrel bench` create it
+  bool step_times = true;   // --untimed: no timing events around each step (CudaModelOptions::time_steps off)
+  double copy_gbs = 0;      // --copy-gbs X: the copy bandwidth taken as given, not measured (0: measured)
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
 
@@ -829,8 +838,8 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
   for (const std::string& variant : o.variants) {
     CudaModelOptions options;
     options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);  // or the variant's -ctxN
-    options.warm_up = false;  // "upload s" is the upload; rep -1 below warms up
-    options.time_steps = true;  // "GPU ms/token": the steps' GPU time, the rest of ms/token is the host's
+    options.warm_up = o.warm_up;  // "upload s" is the upload (without --warm-up); rep -1 below warms up
+    options.time_steps = o.step_times;  // "GPU ms/token": the steps' GPU time, the rest of ms/token is the host's
     const std::string base_variant = without_probe(variant, &timeline_ring.probe);
     if (timeline_csv) cuda::set_timeline(&timeline_ring);  // the probe, copied into the graphs captured next
     if (!variant_options(base_variant, options)) {
@@ -962,9 +971,13 @@ int main(int argc, char** argv) {
     else if (a == "--kernels") o.kernels = true;
     else if (a == "--variants") o.variants = split_list(value());
     else if (a == "--timeline") o.timeline = value();
+    else if (a == "--warm-up") o.warm_up = true;
+    else if (a == "--untimed") o.step_times = false;
+    else if (a == "--copy-gbs") o.copy_gbs = std::stod(value());
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
-                           "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE]\n");
+                           "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE] "
+                           "[--warm-up] [--untimed] [--copy-gbs X]\n");
       return 2;
     }
   }
@@ -979,10 +992,10 @@ int main(int argc, char** argv) {
   const cuda::DeviceInfo dev = petrel::bench::open_first_device();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_gbs = copy_bandwidth_gbs(stream, 20);
+  const double copy_gbs = o.copy_gbs > 0 ? o.copy_gbs : copy_bandwidth_gbs(stream, 20);
   std::printf("device: %s, %d SMs, %.0f MiB L2, CUDA runtime %s, driver %s\n", dev.name.c_str(), dev.multiprocessors,
               dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
-  std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
+  std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s%s\n", copy_gbs, o.copy_gbs > 0 ? " (given)" : "");
   std::fflush(stdout);
   if (!o.timeline.empty()) {
     timeline_csv = std::fopen(o.timeline.c_str(), "w");
