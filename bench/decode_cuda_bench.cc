@@ -8,7 +8,7 @@
 //   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
 //                            [--reps N] [-n N] [--prompt N] [--depth N] [--kernels]
 //                            [--variants unfused,fused-serial,...] [--timeline FILE] [--warm-up] [--untimed]
-//                            [--copy-gbs X] [--no-arena]
+//                            [--copy-gbs X]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
@@ -19,9 +19,7 @@
 // prompt per prefill kernel family and a decode step at creation; "upload s" then includes them); --untimed
 // leaves out the timing events around each step (CudaModelOptions::time_steps; "GPU ms/token" then reads 0).
 // --copy-gbs X takes the device-to-device copy bandwidth as X GB/s instead of measuring it first (2 GiB of
-// buffers allocated, copied and freed before the model's weights are placed: that alone made the step 1.3-2.5%
-// faster on an H100 while each weight tensor had a cudaMalloc of its own, session 45). --no-arena places the
-// weights so (CudaModelOptions::weight_arena off) instead of in one allocation.
+// buffers allocated, copied and freed before the model's weights are placed).
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
 // counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
@@ -260,7 +258,6 @@ struct Options {
   std::string timeline;  // CSV path, or empty
   bool warm_up = false;     // --warm-up: CudaModelOptions::warm_up on, as `petrel run` and `petrel bench` create it
   bool step_times = true;   // --untimed: no timing events around each step (CudaModelOptions::time_steps off)
-  bool arena = true;        // --no-arena: each weight tensor in a cudaMalloc of its own (CudaModelOptions::weight_arena off)
   double copy_gbs = 0;      // --copy-gbs X: the copy bandwidth taken as given, not measured (0: measured)
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
@@ -843,7 +840,6 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     options.context_length = std::min<int64_t>(4096, c.max_position_embeddings);  // or the variant's -ctxN
     options.warm_up = o.warm_up;  // "upload s" is the upload (without --warm-up); rep -1 below warms up
     options.time_steps = o.step_times;  // "GPU ms/token": the steps' GPU time, the rest of ms/token is the host's
-    options.weight_arena = o.arena;
     const std::string base_variant = without_probe(variant, &timeline_ring.probe);
     if (timeline_csv) cuda::set_timeline(&timeline_ring);  // the probe, copied into the graphs captured next
     if (!variant_options(base_variant, options)) {
@@ -978,11 +974,10 @@ int main(int argc, char** argv) {
     else if (a == "--warm-up") o.warm_up = true;
     else if (a == "--untimed") o.step_times = false;
     else if (a == "--copy-gbs") o.copy_gbs = std::stod(value());
-    else if (a == "--no-arena") o.arena = false;
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
                            "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE] "
-                           "[--warm-up] [--untimed] [--copy-gbs X] [--no-arena]\n");
+                           "[--warm-up] [--untimed] [--copy-gbs X]\n");
       return 2;
     }
   }

@@ -271,36 +271,6 @@ TEST(KernelsCuda, DeviceBufferRoundTripsAndRejectsOutOfRange) {
   EXPECT_EQ(buffer->data(), nullptr);
 }
 
-// The arena the model's weights are cut from: 256-byte aligned pieces in order, borrowed (freeing them frees
-// nothing: the arena's memory stays readable), and a buffer of its own once the arena is full.
-TEST(KernelsCuda, DeviceArenaCutsAlignedBorrowedPiecesAndFallsBackWhenFull) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  auto arena = cuda::DeviceArena::reserve(1024);
-  ASSERT_TRUE(arena.ok()) << arena.status().to_string();
-  auto a = arena->take(100);
-  auto b = arena->take(300);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->size(), 100u);
-  EXPECT_EQ(static_cast<char*>(b->data()) - static_cast<char*>(a->data()), 256);
-  EXPECT_EQ(arena->used(), 256u + 512u);
-  std::vector<uint8_t> in(300), out(300);
-  for (int i = 0; i < 300; ++i) in[i] = static_cast<uint8_t>(i * 5 + 1);
-  ASSERT_TRUE(b->upload(in.data(), in.size()).ok());
-  EXPECT_FALSE(a->upload(in.data(), 101).ok());  // a piece's bounds are its own, not the arena's
-  { cuda::DeviceBuffer gone = std::move(*a); }   // a borrowed piece's destruction frees nothing
-  ASSERT_TRUE(b->download(out.data(), out.size()).ok());
-  EXPECT_EQ(in, out);
-  auto own = arena->take(512);  // 256 bytes left: a cudaMalloc of its own
-  ASSERT_TRUE(own.ok());
-  EXPECT_EQ(arena->used(), 768u);
-  const char* base = static_cast<const char*>(b->data()) - 256;
-  const char* p = static_cast<const char*>(own->data());
-  EXPECT_TRUE(p < base || p >= base + 1024) << "the fallback buffer lies inside the arena";
-  auto empty = cuda::allocate_in(nullptr, 64);  // no arena: DeviceBuffer::allocate
-  ASSERT_TRUE(empty.ok());
-  EXPECT_EQ(empty->size(), 64u);
-}
-
 // The staged uploader: copies larger than a chunk (split over slots, the ring wrapping several times, the
 // host copy split over threads) and small ones sharing a chunk land byte for byte.
 TEST(KernelsCuda, HostUploaderCopiesLargeAndSmallPiecesExactly) {

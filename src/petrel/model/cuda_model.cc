@@ -59,29 +59,26 @@ struct DeviceLayer {
 
 // Weights go through one HostUploader (pinned staging, several host threads): create() calls finish() before
 // the first kernel reads them.
-Result<cuda::DeviceBuffer> upload_bytes(const void* host, size_t bytes, const std::string& what, cuda::HostUploader& up,
-                                        cuda::DeviceArena* arena = nullptr) {
-  auto buffer = cuda::allocate_in(arena, bytes);
+Result<cuda::DeviceBuffer> upload_bytes(const void* host, size_t bytes, const std::string& what, cuda::HostUploader& up) {
+  auto buffer = cuda::DeviceBuffer::allocate(bytes);
   if (!buffer.ok()) return Status(buffer.status().code(), what + ": " + buffer.status().message());
   Status uploaded = up.copy(buffer->data(), host, bytes);
   if (!uploaded.ok()) return Status(uploaded.code(), what + ": " + uploaded.message());
   return std::move(buffer).value();
 }
 
-Result<DeviceNorm> upload_norm(const ref::DenseMatrix& host, const std::string& name, cuda::HostUploader& up,
-                               cuda::DeviceArena* arena) {
+Result<DeviceNorm> upload_norm(const ref::DenseMatrix& host, const std::string& name, cuda::HostUploader& up) {
   DeviceNorm norm;
   const size_t bytes = static_cast<size_t>(host.rows * host.cols) * dtype_size(host.dtype);
-  PETREL_ASSIGN_OR_RETURN(norm.storage, upload_bytes(host.data, bytes, name, up, arena));
+  PETREL_ASSIGN_OR_RETURN(norm.storage, upload_bytes(host.data, bytes, name, up));
   norm.weight = cuda::DeviceVector{host.dtype, host.rows * host.cols, norm.storage.data()};
   return norm;
 }
 
-Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& name, cuda::HostUploader& up,
-                                   cuda::DeviceArena* arena) {
+Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& name, cuda::HostUploader& up) {
   DeviceLinear linear;
   if (host.kind == LinearWeight::Kind::kGptq) {
-    auto uploaded = cuda::DeviceGptqWeights::upload(host.gptq, &up, arena);
+    auto uploaded = cuda::DeviceGptqWeights::upload(host.gptq, &up);
     if (!uploaded.ok()) return Status(uploaded.status().code(), name + ": " + uploaded.status().message());
     linear.gptq = true;
     linear.quantized = std::move(uploaded).value();
@@ -89,7 +86,7 @@ Result<DeviceLinear> upload_linear(const LinearWeight& host, const std::string& 
   }
   const ref::DenseMatrix& m = host.dense;
   const size_t bytes = static_cast<size_t>(m.rows * m.cols) * dtype_size(m.dtype);
-  PETREL_ASSIGN_OR_RETURN(linear.dense_storage, upload_bytes(m.data, bytes, name, up, arena));
+  PETREL_ASSIGN_OR_RETURN(linear.dense_storage, upload_bytes(m.data, bytes, name, up));
   linear.dense = cuda::DeviceDenseMatrix{m.dtype, m.rows, m.cols, linear.dense_storage.data()};
   return linear;
 }
@@ -223,7 +220,6 @@ struct CudaModel::State {
   // no sampler setting captures a graph in the middle of a generation).
   cuda::CudaGraph step_graph, logits_graph, top_graph;
 
-  cuda::DeviceArena weight_arena;  // options.weight_arena: what embed, layers, final_norm and lm_head are cut from
   DeviceEmbedding embed;
   std::vector<DeviceLayer> layers;
   DeviceNorm final_norm;
@@ -996,7 +992,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   }
   PETREL_RETURN_IF_ERROR(cuda::set_device(options.device));
   bool make_f16 = false;  // options.prefill_f16_weights, resolved
-  size_t arena_bytes = 0;  // options.weight_arena: the size of the arena the weights are cut from
   {
     PETREL_ASSIGN_OR_RETURN(cuda::MemoryInfo memory, cuda::memory_info());
     const cuda::DeviceInfo& d = devices[options.device];
@@ -1010,10 +1005,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
     }
     PETREL_RETURN_IF_ERROR(check_gpu_memory(make_f16 ? with_f16 : base, memory.free_bytes, memory.total_bytes,
                                             "CUDA device " + std::to_string(d.index) + " (" + d.name + ")"));
-    // The arena: the weights' stored bytes (a CPU bundle's padded qweight rows counted as stored: a little more
-    // than the device copy) and each buffer's rounding to the alignment (up to 3 a linear, 2 norms a layer).
-    const int64_t buffers = 3 * (7 * c.num_hidden_layers + 2) + 2 * c.num_hidden_layers + 1;
-    arena_bytes = options.weight_arena ? static_cast<size_t>(base.weight_bytes + buffers * cuda::DeviceArena::kAlignment) : 0;
   }
 
   auto state = std::make_unique<State>();
@@ -1064,33 +1055,28 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   PETREL_ASSIGN_OR_RETURN(cuda::HostUploader up,
                           cuda::HostUploader::create(size_t{32} << 20, 3, std::clamp<int>(std::thread::hardware_concurrency(), 1, 8)));
   const LlamaWeights& w = model.weights();
-  cuda::DeviceArena* arena = nullptr;
-  if (arena_bytes > 0) {
-    PETREL_ASSIGN_OR_RETURN(s.weight_arena, cuda::DeviceArena::reserve(arena_bytes));
-    arena = &s.weight_arena;
-  }
-  PETREL_ASSIGN_OR_RETURN(s.embed.table, upload_linear(w.embed_tokens, "model.embed_tokens", up, arena));
+  PETREL_ASSIGN_OR_RETURN(s.embed.table, upload_linear(w.embed_tokens, "model.embed_tokens", up));
   s.weight_bytes += s.embed.table.bytes();
   s.layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const LlamaLayerWeights& hw = w.layers[l];
     DeviceLayer& dw = s.layers[l];
-    PETREL_ASSIGN_OR_RETURN(dw.input_norm, upload_norm(hw.input_norm, p + "input_layernorm", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.post_attn_norm, upload_norm(hw.post_attn_norm, p + "post_attention_layernorm", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.q_proj, upload_linear(hw.q_proj, p + "self_attn.q_proj", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.k_proj, upload_linear(hw.k_proj, p + "self_attn.k_proj", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.v_proj, upload_linear(hw.v_proj, p + "self_attn.v_proj", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.o_proj, upload_linear(hw.o_proj, p + "self_attn.o_proj", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.gate_proj, upload_linear(hw.gate_proj, p + "mlp.gate_proj", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.up_proj, upload_linear(hw.up_proj, p + "mlp.up_proj", up, arena));
-    PETREL_ASSIGN_OR_RETURN(dw.down_proj, upload_linear(hw.down_proj, p + "mlp.down_proj", up, arena));
+    PETREL_ASSIGN_OR_RETURN(dw.input_norm, upload_norm(hw.input_norm, p + "input_layernorm", up));
+    PETREL_ASSIGN_OR_RETURN(dw.post_attn_norm, upload_norm(hw.post_attn_norm, p + "post_attention_layernorm", up));
+    PETREL_ASSIGN_OR_RETURN(dw.q_proj, upload_linear(hw.q_proj, p + "self_attn.q_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.k_proj, upload_linear(hw.k_proj, p + "self_attn.k_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.v_proj, upload_linear(hw.v_proj, p + "self_attn.v_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.o_proj, upload_linear(hw.o_proj, p + "self_attn.o_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.gate_proj, upload_linear(hw.gate_proj, p + "mlp.gate_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.up_proj, upload_linear(hw.up_proj, p + "mlp.up_proj", up));
+    PETREL_ASSIGN_OR_RETURN(dw.down_proj, upload_linear(hw.down_proj, p + "mlp.down_proj", up));
     s.weight_bytes += static_cast<int64_t>(dw.input_norm.storage.size() + dw.post_attn_norm.storage.size());
     for (const DeviceLinear* lin : {&dw.q_proj, &dw.k_proj, &dw.v_proj, &dw.o_proj, &dw.gate_proj, &dw.up_proj, &dw.down_proj}) {
       s.weight_bytes += lin->bytes();
     }
   }
-  PETREL_ASSIGN_OR_RETURN(s.final_norm, upload_norm(w.final_norm, "model.norm", up, arena));
+  PETREL_ASSIGN_OR_RETURN(s.final_norm, upload_norm(w.final_norm, "model.norm", up));
   s.weight_bytes += static_cast<int64_t>(s.final_norm.storage.size());
   if (w.head_is_embedding()) {
     // transformers ties lm_head to the embedding: one copy on the device too
@@ -1101,7 +1087,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
       s.lm_head.dense = s.embed.table.dense;
     }
   } else {
-    PETREL_ASSIGN_OR_RETURN(s.lm_head, upload_linear(w.lm_head, "lm_head", up, arena));
+    PETREL_ASSIGN_OR_RETURN(s.lm_head, upload_linear(w.lm_head, "lm_head", up));
     s.weight_bytes += s.lm_head.bytes();
   }
   const std::vector<float> inv_freq = rope_inverse_frequencies(c.rope, c.head_dim);

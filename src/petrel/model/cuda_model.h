@@ -203,10 +203,6 @@ struct CudaModelOptions {
   // docs/PERFORMANCE.md, session 19).
   uint32_t decode_skip_phases = 0;
   static constexpr uint32_t kSkipQkv = 1, kSkipAttention = 2, kSkipO = 4, kSkipGateUp = 8, kSkipDown = 16;
-  // The weights (embedding, norms, linears, LM head; not the fp16 prefill copies) cut from one cudaMalloc
-  // (cuda::DeviceArena) instead of one each: tg128 on an H100 +1.3% per channel, +2.5% at group 128, whose
-  // scale tensors are many small allocations (docs/PERFORMANCE.md, session 45). Off: bench --no-arena.
-  bool weight_arena = true;
   // Time every decode step on the GPU (two timed events around its graph launch): last_step_device_ms().
   bool time_steps = false;
   // Constrained decoding (JSON mode, structured outputs, forced tool calls) with greedy or top-k sampling through

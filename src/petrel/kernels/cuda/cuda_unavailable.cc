@@ -48,9 +48,6 @@ SolverHandle& SolverHandle::operator=(SolverHandle&&) noexcept { return *this; }
 Status SolverHandle::set_stream(Stream) { return not_built(); }
 
 Result<DeviceBuffer> DeviceBuffer::allocate(size_t) { return not_built(); }
-Result<DeviceArena> DeviceArena::reserve(size_t) { return not_built(); }
-Result<DeviceBuffer> DeviceArena::take(size_t) { return not_built(); }
-Result<DeviceBuffer> allocate_in(DeviceArena*, size_t) { return not_built(); }
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }

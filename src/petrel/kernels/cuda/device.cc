@@ -120,40 +120,19 @@ Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (data_ && owned_) cudaFree(data_);  // an error here (a dead context) has no one to go to
+  if (data_) cudaFree(data_);  // an error here (a dead context) has no one to go to
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
-      owned_(std::exchange(other.owned_, true)) {}
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    if (data_ && owned_) cudaFree(data_);
+    if (data_) cudaFree(data_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
-    owned_ = std::exchange(other.owned_, true);
   }
   return *this;
-}
-
-Result<DeviceArena> DeviceArena::reserve(size_t bytes) {
-  DeviceArena arena;
-  PETREL_ASSIGN_OR_RETURN(arena.storage_, DeviceBuffer::allocate(bytes));
-  return arena;
-}
-
-Result<DeviceBuffer> DeviceArena::take(size_t bytes) {
-  if (bytes == 0) return DeviceBuffer();
-  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (rounded < bytes || rounded > storage_.size() - used_) return DeviceBuffer::allocate(bytes);
-  DeviceBuffer buffer = DeviceBuffer::borrow(storage_.as<char>() + used_, bytes);
-  used_ += rounded;
-  return buffer;
-}
-
-Result<DeviceBuffer> allocate_in(DeviceArena* arena, size_t bytes) {
-  return arena ? arena->take(bytes) : DeviceBuffer::allocate(bytes);
 }
 
 namespace {

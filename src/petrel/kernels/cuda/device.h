@@ -87,22 +87,12 @@ struct MemoryInfo {
 };
 Result<MemoryInfo> memory_info();
 
-// Device memory owned by value: freed on destruction, movable, not copyable; or (borrow) a span of memory
-// something else owns, not freed.
+// Device memory owned by value: freed on destruction, movable, not copyable.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   // `bytes` of uninitialized memory on the current device (256-byte aligned, as cudaMalloc gives).
   static Result<DeviceBuffer> allocate(size_t bytes);
-  // `size` bytes at `data`, owned elsewhere (a DeviceArena): never freed by this buffer, which must not outlive
-  // the owner.
-  static DeviceBuffer borrow(void* data, size_t size) {
-    DeviceBuffer buffer;
-    buffer.data_ = data;
-    buffer.size_ = size;
-    buffer.owned_ = false;
-    return buffer;
-  }
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
@@ -123,30 +113,6 @@ class DeviceBuffer {
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
-  bool owned_ = true;
 };
-
-// One cudaMalloc that many buffers are cut from, in order, each 256-byte aligned; freed when the arena goes
-// (the buffers it gave must not outlive it). The model's weights live in one: placed by separate cudaMallocs
-// (~230 for Llama-3.1-8B at group 128, many of them small scale and zero tensors) the decode step ran 1.3%
-// (per channel) to 2.5% (group 128) slower on an H100 (docs/PERFORMANCE.md, session 45).
-class DeviceArena {
- public:
-  DeviceArena() = default;
-  static Result<DeviceArena> reserve(size_t bytes);
-  // `bytes` from the arena; where it has no room left (or holds nothing), a buffer of its own
-  // (DeviceBuffer::allocate), so that a size estimated short costs only the placement.
-  Result<DeviceBuffer> take(size_t bytes);
-  size_t size() const { return storage_.size(); }
-  size_t used() const { return used_; }
-  static constexpr size_t kAlignment = 256;
-
- private:
-  DeviceBuffer storage_;
-  size_t used_ = 0;
-};
-
-// arena ? arena->take(bytes) : DeviceBuffer::allocate(bytes).
-Result<DeviceBuffer> allocate_in(DeviceArena* arena, size_t bytes);
 
 }  // namespace petrel::cuda

@@ -223,8 +223,7 @@ int uniform_stored_zero(const ref::GptqMatrix& m) {
 
 }  // namespace
 
-Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host, HostUploader* uploader,
-                                                    DeviceArena* arena) {
+Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host, HostUploader* uploader) {
   DeviceGptqWeights weights;
   DeviceGptqMatrix& v = weights.view_;
   v.bits = host.bits;
@@ -246,9 +245,9 @@ Result<DeviceGptqWeights> DeviceGptqWeights::upload(const ref::GptqMatrix& host,
   const size_t qweight_bytes = static_cast<size_t>(host.cols / (32 / host.bits) * host.rows) * 4;
   const size_t scales_bytes = static_cast<size_t>(host.n_groups() * host.rows) * 2;
   const size_t qzeros_bytes = static_cast<size_t>(host.n_groups() * (host.rows * host.bits / 32)) * 4;
-  PETREL_ASSIGN_OR_RETURN(weights.qweight_, allocate_in(arena, qweight_bytes));
-  PETREL_ASSIGN_OR_RETURN(weights.scales_, allocate_in(arena, scales_bytes));
-  PETREL_ASSIGN_OR_RETURN(weights.qzeros_, allocate_in(arena, qzeros_bytes));
+  PETREL_ASSIGN_OR_RETURN(weights.qweight_, DeviceBuffer::allocate(qweight_bytes));
+  PETREL_ASSIGN_OR_RETURN(weights.scales_, DeviceBuffer::allocate(scales_bytes));
+  PETREL_ASSIGN_OR_RETURN(weights.qzeros_, DeviceBuffer::allocate(qzeros_bytes));
   // A CPU bundle pads qweight's word rows (GptqMatrix::stride()); the device copy is dense, as the kernels read it.
   // The uploader gathers the rows into its pinned chunks (a dense host copy first made a CPU bundle's load on
   // the GPU 2.5-3.0 s against 0.9-1.0 for a cuda bundle: session 25).

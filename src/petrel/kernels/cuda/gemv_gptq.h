@@ -47,9 +47,8 @@ class DeviceGptqWeights {
  public:
   // Uploads `host` to the current device; refuses act-order (g_idx) and shapes gemv_gptq cannot read.
   // With `uploader`, the copies are queued on it (HostUploader::finish() before the first use); without, they
-  // are synchronous cudaMemcpy calls. With `arena`, the three tensors are cut from it (DeviceArena::take).
-  static Result<DeviceGptqWeights> upload(const ref::GptqMatrix& host, HostUploader* uploader = nullptr,
-                                          DeviceArena* arena = nullptr);
+  // are synchronous cudaMemcpy calls.
+  static Result<DeviceGptqWeights> upload(const ref::GptqMatrix& host, HostUploader* uploader = nullptr);
   const DeviceGptqMatrix& view() const { return view_; }
   // A view of tensors another DeviceGptqWeights owns (a tied LM head reading the embedding's table); it must
   // not outlive the owner.
