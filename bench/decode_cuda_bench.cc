@@ -19,7 +19,10 @@
 // prompt per prefill kernel family and a decode step at creation; "upload s" then includes them); --untimed
 // leaves out the timing events around each step (CudaModelOptions::time_steps; "GPU ms/token" then reads 0).
 // --copy-gbs X takes the device-to-device copy bandwidth as X GB/s instead of measuring it first (2 GiB of
-// buffers allocated, copied and freed before the model's weights are placed).
+// buffers allocated, copied and freed before the model's weights are placed). That measurement makes the step
+// 1.2-2.5% faster than in a process that places the weights first, as `petrel run` / `petrel bench` do (H100,
+// session 45: per channel 544 against 538, group 128 519 against 505-512; why is not known; weights in one
+// allocation instead of ~230 did not change it). With --copy-gbs the t/s column is the CLI's.
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
 // counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
