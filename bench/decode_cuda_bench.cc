@@ -8,7 +8,7 @@
 //   petrel_bench_decode_cuda [--preset llama-3.1-8b] [--layers N] [--group -1|128|-1,128] [--model DIR]
 //                            [--reps N] [-n N] [--prompt N] [--depth N] [--kernels]
 //                            [--variants unfused,fused-serial,...] [--timeline FILE] [--warm-up] [--untimed]
-//                            [--copy-gbs X]
+//                            [--copy-gbs X] [--before alloc-free|alloc-keep|memset-free|copy-keep]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
@@ -23,6 +23,9 @@
 // 1.2-2.5% faster than in a process that places the weights first, as `petrel run` / `petrel bench` do (H100,
 // session 45: per channel 544 against 538, group 128 519 against 505-512; why is not known; weights in one
 // allocation instead of ~230 did not change it). With --copy-gbs the t/s column is the CLI's.
+// --before MODE, after the measurement (or its skip): which half of it does that, 2 GiB as two 1 GiB buffers
+// allocated and freed untouched (alloc-free), allocated and kept to the end (alloc-keep), memset and freed
+// (memset-free), or copied between as the measurement does (21 copies) and kept (copy-keep).
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
 // counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
@@ -261,6 +264,7 @@ struct Options {
   std::string timeline;  // CSV path, or empty
   bool warm_up = false;     // --warm-up: CudaModelOptions::warm_up on, as `petrel run` and `petrel bench` create it
   bool step_times = true;   // --untimed: no timing events around each step (CudaModelOptions::time_steps off)
+  std::string before;       // --before MODE: what happens to 2 GiB of device memory before the model (see main)
   double copy_gbs = 0;      // --copy-gbs X: the copy bandwidth taken as given, not measured (0: measured)
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
@@ -977,10 +981,11 @@ int main(int argc, char** argv) {
     else if (a == "--warm-up") o.warm_up = true;
     else if (a == "--untimed") o.step_times = false;
     else if (a == "--copy-gbs") o.copy_gbs = std::stod(value());
+    else if (a == "--before") o.before = value();
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
                            "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE] "
-                           "[--warm-up] [--untimed] [--copy-gbs X]\n");
+                           "[--warm-up] [--untimed] [--copy-gbs X] [--before alloc-free|alloc-keep|memset-free|copy-keep]\n");
       return 2;
     }
   }
@@ -996,6 +1001,27 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const double copy_gbs = o.copy_gbs > 0 ? o.copy_gbs : copy_bandwidth_gbs(stream, 20);
+  std::vector<cuda::DeviceBuffer> held_before;  // --before alloc-keep / copy-keep: kept to the end
+  if (!o.before.empty()) {
+    const size_t gib = size_t{1} << 30;
+    std::vector<cuda::DeviceBuffer> pair;
+    for (int i = 0; i < 2; ++i) pair.push_back(take(cuda::DeviceBuffer::allocate(gib), "--before: alloc"));
+    if (o.before == "memset-free" || o.before == "copy-keep") {
+      for (cuda::DeviceBuffer& b : pair) check(b.fill_bytes(1), "--before: memset");
+    }
+    if (o.before == "copy-keep") {
+      for (int r = 0; r < 21; ++r) {
+        CHECK_CUDA(cudaMemcpyAsync(pair[1].data(), pair[0].data(), gib, cudaMemcpyDeviceToDevice, stream));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+    }
+    if (o.before == "alloc-keep" || o.before == "copy-keep") {
+      held_before = std::move(pair);
+    } else if (o.before != "alloc-free" && o.before != "memset-free") {
+      std::fprintf(stderr, "--before: unknown mode '%s'\n", o.before.c_str());
+      return 2;
+    }
+  }
   std::printf("device: %s, %d SMs, %.0f MiB L2, CUDA runtime %s, driver %s\n", dev.name.c_str(), dev.multiprocessors,
               dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
   std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s%s\n", copy_gbs, o.copy_gbs > 0 ? " (given)" : "");
