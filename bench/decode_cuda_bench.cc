@@ -997,6 +997,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!o.before.empty() && o.before != "alloc-free" && o.before != "alloc-keep" && o.before != "memset-free" &&
+      o.before != "copy-keep") {
+    std::fprintf(stderr, "--before: unknown mode '%s' (alloc-free, alloc-keep, memset-free or copy-keep)\n", o.before.c_str());
+    return 2;
+  }
   const cuda::DeviceInfo dev = petrel::bench::open_first_device();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -1015,12 +1020,7 @@ int main(int argc, char** argv) {
       }
       CHECK_CUDA(cudaStreamSynchronize(stream));
     }
-    if (o.before == "alloc-keep" || o.before == "copy-keep") {
-      held_before = std::move(pair);
-    } else if (o.before != "alloc-free" && o.before != "memset-free") {
-      std::fprintf(stderr, "--before: unknown mode '%s'\n", o.before.c_str());
-      return 2;
-    }
+    if (o.before == "alloc-keep" || o.before == "copy-keep") held_before = std::move(pair);  // else freed here
   }
   std::printf("device: %s, %d SMs, %.0f MiB L2, CUDA runtime %s, driver %s\n", dev.name.c_str(), dev.multiprocessors,
               dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
