@@ -7,12 +7,10 @@ set -u
 . scripts/cuda_unpack.sh >/dev/null 2>&1
 nvidia-smi -L
 D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0 --reps 3"
-for g in 128 -1; do
-  for f in "--copy-gbs 3000" "" "--copy-gbs 3000" ""; do
-    [ $g = -1 ] && [ -z "$f" ] && [ "${pc_done:-0}" = 1 ] && continue
-    [ $g = -1 ] && [ -z "$f" ] && pc_done=1
-    echo "group $g [$f]"
-    timeout 60 $D --group $g --variants fused $f 2>&1 | grep -E "^. fused|unknown|rror|usage"
-  done
-done
+run() {  # group, then the flags
+  echo "group $1 [${*:2}]"
+  timeout 60 $D --group "$1" --variants fused "${@:2}" 2>&1 | grep -E "^. fused|unknown|rror|usage"
+}
+run 128 --copy-gbs 3000; run 128; run 128 --copy-gbs 3000; run 128
+run -1 --copy-gbs 3000; run -1; run -1 --copy-gbs 3000
 if nvidia-smi -L | grep -q H200; then bash scripts/cuda_h200_pipeline.sh; fi
