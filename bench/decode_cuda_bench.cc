@@ -9,6 +9,7 @@
 //                            [--reps N] [-n N] [--prompt N] [--depth N] [--kernels]
 //                            [--variants unfused,fused-serial,...] [--timeline FILE] [--warm-up] [--untimed]
 //                            [--copy-gbs X] [--before alloc-free|alloc-keep|memset-free|copy-keep]
+//                            [--warm memcpy|memset:MIB:REPS:before|after]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
@@ -26,6 +27,9 @@
 // --before MODE, after the measurement (or its skip): which half of it does that, 2 GiB as two 1 GiB buffers
 // allocated and freed untouched (alloc-free), allocated and kept to the end (alloc-keep), memset and freed
 // (memset-free), or copied between as the measurement does (21 copies) and kept (copy-keep).
+// --warm OP:MIB:REPS:WHEN (session 46, after copy-keep alone gave the gain on an H100): REPS device-to-device
+// copies (memcpy) or memsets of MIB MiB, on two buffers freed afterwards, before anything (before) or right after
+// each variant's model is created (after, as a warm-up at load in the product would be).
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
 // counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
@@ -264,6 +268,7 @@ struct Options {
   std::string timeline;  // CSV path, or empty
   bool warm_up = false;     // --warm-up: CudaModelOptions::warm_up on, as `petrel run` and `petrel bench` create it
   bool step_times = true;   // --untimed: no timing events around each step (CudaModelOptions::time_steps off)
+  std::string warm;         // --warm OP:MIB:REPS:WHEN (see the header)
   std::string before;       // --before MODE: what happens to 2 GiB of device memory before the model (see main)
   double copy_gbs = 0;      // --copy-gbs X: the copy bandwidth taken as given, not measured (0: measured)
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
@@ -833,6 +838,46 @@ void record_timeline(CudaModel& gpu, const LlamaConfig& c, const std::string& la
   std::fflush(timeline_csv);
 }
 
+// --warm OP:MIB:REPS:WHEN, parsed; `when` empty where no --warm was given.
+struct WarmSpec {
+  std::string op, when;
+  size_t mib = 0;
+  int reps = 0;
+};
+
+bool parse_warm(const std::string& s, WarmSpec* w) {
+  if (s.empty()) return true;
+  std::vector<std::string> f;
+  size_t at = 0;
+  for (size_t c; (c = s.find(':', at)) != std::string::npos; at = c + 1) f.push_back(s.substr(at, c - at));
+  f.push_back(s.substr(at));
+  if (f.size() != 4 || (f[0] != "memcpy" && f[0] != "memset") || (f[3] != "before" && f[3] != "after")) return false;
+  char* end = nullptr;
+  const long mib = std::strtol(f[1].c_str(), &end, 10);
+  if (*end || mib <= 0 || mib > 65536) return false;
+  const long reps = std::strtol(f[2].c_str(), &end, 10);
+  if (*end || reps <= 0 || reps > 10000) return false;
+  *w = {f[0], f[3], static_cast<size_t>(mib), static_cast<int>(reps)};
+  return true;
+}
+
+WarmSpec warm_spec;  // --warm, parsed in main
+cudaStream_t warm_stream = nullptr;
+
+void run_warm(const WarmSpec& w, cudaStream_t stream) {
+  const size_t bytes = w.mib << 20;
+  auto a = take(cuda::DeviceBuffer::allocate(bytes), "--warm: alloc");
+  auto b = take(cuda::DeviceBuffer::allocate(bytes), "--warm: alloc");
+  for (int r = 0; r < w.reps; ++r) {
+    if (w.op == "memcpy") {
+      CHECK_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    } else {
+      CHECK_CUDA(cudaMemsetAsync(b.data(), r & 0xff, bytes, stream));
+    }
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
 void run_tg(const LlamaModel& model, const std::string& name, const Options& o, double copy_gbs) {
   const LlamaConfig& c = model.config();
   const double token_bytes = token_weight_bytes(model);
@@ -856,6 +901,7 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
     const auto t0 = std::chrono::steady_clock::now();
     auto gpu = CudaModel::create(model, options);
     check(gpu.status(), "CudaModel::create");
+    if (warm_spec.when == "after") run_warm(warm_spec, warm_stream);
     const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string label = variant + (options.resident_step && !(*gpu)->resident_step() ? " (not resident: shapes or GPU)" : "");
     // The tensor-copy GEMVs the device's memory bandwidth chose (CudaModelOptions::kTmaAuto), where it chose any.
@@ -982,6 +1028,7 @@ int main(int argc, char** argv) {
     else if (a == "--untimed") o.step_times = false;
     else if (a == "--copy-gbs") o.copy_gbs = std::stod(value());
     else if (a == "--before") o.before = value();
+    else if (a == "--warm") o.warm = value();
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
                            "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE] "
@@ -1002,9 +1049,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--before: unknown mode '%s' (alloc-free, alloc-keep, memset-free or copy-keep)\n", o.before.c_str());
     return 2;
   }
+  if (!parse_warm(o.warm, &warm_spec)) {
+    std::fprintf(stderr, "--warm: '%s' is not OP:MIB:REPS:WHEN (OP memcpy or memset, WHEN before or after)\n", o.warm.c_str());
+    return 2;
+  }
   const cuda::DeviceInfo dev = petrel::bench::open_first_device();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  warm_stream = stream;
+  if (warm_spec.when == "before") run_warm(warm_spec, stream);
   const double copy_gbs = o.copy_gbs > 0 ? o.copy_gbs : copy_bandwidth_gbs(stream, 20);
   std::vector<cuda::DeviceBuffer> held_before;  // --before alloc-keep / copy-keep: kept to the end
   if (!o.before.empty()) {
