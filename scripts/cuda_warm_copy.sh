@@ -11,7 +11,7 @@ nvidia-smi -L
 D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0 --reps 3 --variants fused --copy-gbs 3000"
 G=${GROUP:-128}
 for w in "" "--warm memcpy:1024:21:before" "--warm memcpy:1024:21:after" "--warm memcpy:1024:1:before" \
-         "--warm memcpy:64:21:before" "--warm memset:1024:21:before" "--warm memcpy:1024:200:after" ""; do
+         "--warm memcpy:64:21:before" "--warm memset:1024:21:before" ""; do
   echo "group $G [$w]"
   timeout 40 $D --group $G $w 2>&1 | grep -E "^. fused|rror|unknown|warm"
 done
