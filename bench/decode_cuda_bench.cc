@@ -300,6 +300,9 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // "-ctxN": a KV cache of N positions (CudaModelOptions::context_length; default 4096). The fused attention
   // kernel's grid follows it (blocks per KV head = min(N / 32, 32)), and every one of its blocks must have
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
+  // "-wcN" (last of all): N warm copies at the end of create() (CudaModelOptions::warm_copies; default 21), e.g.
+  // fused-wc0 for none (session 46: as a fresh process ran before them).
+  if (int64_t wc = 0; take_number_suffix(base, "-wc", 3, &wc)) o.warm_copies = static_cast<int>(wc);
   take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp
   // (CudaModelOptions::decode_tma_gate_up_stages), e.g. fused-tmag3.

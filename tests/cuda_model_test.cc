@@ -489,6 +489,31 @@ TEST(CudaModel, AidreamsGreedyGenerationMatchesTheCpu) {
   EXPECT_EQ(generated, expected);
 }
 
+// CudaModelOptions::warm_copies (device-to-device copies at the end of create(), session 46) touch nothing of the
+// model's: the same steps give the same logits bitwise with none.
+TEST(CudaModel, WarmCopiesChangeNoLogits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto model = LlamaModel::load(data_dir() / "models/aidreams260k");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  std::vector<std::vector<float>> runs;
+  for (const int copies : {0, CudaModelOptions{}.warm_copies, 200}) {
+    CudaModelOptions options;
+    options.context_length = 16;
+    options.warm_copies = copies;
+    auto gpu = CudaModel::create(**model, options);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+    std::vector<float> all, logits;
+    for (const int32_t token : {1, 42, 7, 300, 5}) {
+      ASSERT_TRUE((*gpu)->decode(token, &logits).ok());
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    runs.push_back(std::move(all));
+  }
+  EXPECT_GT(CudaModelOptions{}.warm_copies, 0);
+  EXPECT_EQ(runs[1], runs[0]);
+  EXPECT_EQ(runs[2], runs[0]);
+}
+
 // decode_top / forward_top (the k largest logits chosen on the GPU) against the full logits of the same
 // steps, sorted on the host: the prompt processor's last row, a lone token, and a decode step.
 TEST(CudaModel, TopLogitsAreTheLargestOfTheFullLogits) {

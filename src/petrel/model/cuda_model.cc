@@ -124,6 +124,19 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
+// CudaModelOptions::warm_copies: `count` device-to-device copies between two 64 MiB buffers, freed after. Best
+// effort: where the buffers cannot be allocated (a full GPU) nothing is copied and create() goes on.
+Status warm_copies(int count, cuda::Stream stream) {
+  if (count <= 0) return ok_status();
+  constexpr size_t kBytes = size_t{64} << 20;
+  auto a = cuda::DeviceBuffer::allocate(kBytes);
+  auto b = cuda::DeviceBuffer::allocate(kBytes);
+  if (!a.ok() || !b.ok()) return ok_status();
+  PETREL_RETURN_IF_ERROR(a->fill_bytes(0));
+  for (int i = 0; i < count; ++i) PETREL_RETURN_IF_ERROR(cuda::copy_on_device(b->data(), a->data(), kBytes, stream));
+  return cuda::synchronize();
+}
+
 }  // namespace
 
 // Bytes of prefill attention workspace for chunks of `chunk` tokens: enough for a whole chunk over the whole
@@ -1171,6 +1184,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   s.init_times.buffers_ms = phase_ms();
   auto gpu = std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
   if (options.warm_up) PETREL_RETURN_IF_ERROR(with_context(gpu->warm_up(), "warming up the CUDA model"));
+  PETREL_RETURN_IF_ERROR(with_context(warm_copies(options.warm_copies, gpu->state_->stream.get()), "the warm copies"));
   gpu->state_->init_times.warm_up_ms = phase_ms();
   return gpu;
 }
