@@ -20,10 +20,11 @@
 // prompt per prefill kernel family and a decode step at creation; "upload s" then includes them); --untimed
 // leaves out the timing events around each step (CudaModelOptions::time_steps; "GPU ms/token" then reads 0).
 // --copy-gbs X takes the device-to-device copy bandwidth as X GB/s instead of measuring it first (2 GiB of
-// buffers allocated, copied and freed before the model's weights are placed). That measurement makes the step
-// 1.2-2.5% faster than in a process that places the weights first, as `petrel run` / `petrel bench` do (H100,
-// session 45: per channel 544 against 538, group 128 519 against 505-512; why is not known; weights in one
-// allocation instead of ~230 did not change it). With --copy-gbs the t/s column is the CLI's.
+// buffers allocated, copied and freed before the model's weights are placed). Its ~20 copies made the step
+// 1.2-2.5% faster than in a process without them, as `petrel run` / `petrel bench` were (H100, session 45: per
+// channel 544 against 538, group 128 519 against 505-512; session 46: the count of copies does it, why is not
+// known). Since session 46 CudaModel::create makes such copies itself (CudaModelOptions::warm_copies; variant
+// suffix -wc0: none), so the figure with and without --copy-gbs should agree; -wc0 with --copy-gbs is the old CLI's.
 // --before MODE, after the measurement (or its skip): which half of it does that, 2 GiB as two 1 GiB buffers
 // allocated and freed untouched (alloc-free), allocated and kept to the end (alloc-keep), memset and freed
 // (memset-free), or copied between as the measurement does (21 copies) and kept (copy-keep).
@@ -1082,8 +1083,8 @@ int main(int argc, char** argv) {
               dev.l2_cache_bytes / double(1 << 20), cuda::runtime_version().c_str(), cuda::driver_version().c_str());
   std::printf("device-to-device cudaMemcpy (1 GiB, read + write): %.0f GB/s%s\n", copy_gbs,
               o.copy_gbs > 0 ? " (given)"
-                             : " (measured before the model: its step then runs 1.2-2.5% faster than in a fresh process "
-                               "such as petrel bench's, on H100s; --copy-gbs X skips it)");
+                             : " (measured before the model; its copies speed the step as CudaModel's own warm copies do, "
+                               "session 46; --copy-gbs X skips it)");
   std::fflush(stdout);
   if (!o.timeline.empty()) {
     timeline_csv = std::fopen(o.timeline.c_str(), "w");
