@@ -271,6 +271,20 @@ TEST(KernelsCuda, DeviceBufferRoundTripsAndRejectsOutOfRange) {
   EXPECT_EQ(buffer->data(), nullptr);
 }
 
+// A failed allocation returns its error and leaves none behind for the next launch's check (cudaGetLastError)
+// to misreport: CudaModel's warm copies go on past one (session 46).
+TEST(KernelsCuda, FailedAllocationLeavesNoErrorForLaterLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto huge = cuda::DeviceBuffer::allocate(size_t{1} << 52);
+  EXPECT_FALSE(huge.ok());
+  auto buffer = cuda::DeviceBuffer::allocate(64 * sizeof(float));
+  ASSERT_TRUE(buffer.ok()) << buffer.status().to_string();
+  float* x = static_cast<float*>(buffer->data());
+  ASSERT_TRUE(buffer->fill_bytes(0).ok());
+  EXPECT_TRUE(cuda::add_in_place(x, x, 64).ok());
+  EXPECT_TRUE(cuda::synchronize().ok());
+}
+
 // The staged uploader: copies larger than a chunk (split over slots, the ring wrapping several times, the
 // host copy split over threads) and small ones sharing a chunk land byte for byte.
 TEST(KernelsCuda, HostUploaderCopiesLargeAndSmallPiecesExactly) {

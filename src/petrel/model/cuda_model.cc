@@ -125,10 +125,12 @@ std::string gib(int64_t bytes) {
 }
 
 // CudaModelOptions::warm_copies: `count` device-to-device copies between two 64 MiB buffers, freed after. Best
-// effort: where the buffers cannot be allocated (a full GPU) nothing is copied and create() goes on.
+// effort: where the buffers cannot be had with 256 MiB to spare (a full GPU) nothing is copied and create() goes on.
 Status warm_copies(int count, cuda::Stream stream) {
   if (count <= 0) return ok_status();
   constexpr size_t kBytes = size_t{64} << 20;
+  PETREL_ASSIGN_OR_RETURN(const cuda::MemoryInfo memory, cuda::memory_info());
+  if (memory.free_bytes < static_cast<int64_t>(2 * kBytes + (size_t{256} << 20))) return ok_status();
   auto a = cuda::DeviceBuffer::allocate(kBytes);
   auto b = cuda::DeviceBuffer::allocate(kBytes);
   if (!a.ok() || !b.ok()) return ok_status();

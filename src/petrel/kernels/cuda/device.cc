@@ -114,7 +114,10 @@ Result<MemoryInfo> memory_info() {
 Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
   DeviceBuffer buffer;
   if (bytes == 0) return buffer;
-  PETREL_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer.data_, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+  if (const cudaError_t e = cudaMalloc(&buffer.data_, bytes); e != cudaSuccess) {
+    cudaGetLastError();  // the failure is returned here, not left for a later launch's check to report
+    return cuda_status(e, "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+  }
   buffer.size_ = bytes;
   return buffer;
 }
