@@ -240,8 +240,8 @@ struct CudaModelOptions {
   // first launches (module loading, cuBLAS's kernel choice, the decode graph's capture) count in the init
   // time, not in the first query's time to first token.
   bool warm_up = true;
-  // Device-to-device copies of 64 MiB made at the end of create() (then freed; skipped if the 128 MiB cannot be
-  // had). Why they help is not known, but a process that has made ~20 such copies runs the decode step faster
+  // Device-to-device copies of 64 MiB made at the end of create() (then freed; skipped unless 384 MiB are
+  // free). Why they help is not known, but a process that has made ~20 such copies runs the decode step faster
   // ever after: H100, 8B tg128, group 128 511.3 -> 519.7 and per channel 536.2 -> 544.8 tokens/s (+1.6%; the
   // same copies of 1 GiB after the model's creation; 64 MiB ones before it gave as much, one copy nothing,
   // memsets part of it; docs/PERFORMANCE.md, session 46). ~1 ms of the init time. 0: none.
