@@ -244,7 +244,8 @@ struct CudaModelOptions {
   // free). Why they help is not known, but a process that has made ~20 such copies runs the decode step faster
   // ever after: H100, 8B tg128, group 128 511.3 -> 519.7 and per channel 536.2 -> 544.8 tokens/s (+1.6%; the
   // same copies of 1 GiB after the model's creation; 64 MiB ones before it gave as much, one copy nothing,
-  // memsets part of it; docs/PERFORMANCE.md, session 46). ~1 ms of the init time. 0: none.
+  // memsets part of it; docs/PERFORMANCE.md, session 46). ~1 ms of the init time (2.8 GB
+  // of traffic; not timed). 0: none.
   int warm_copies = 21;
   // An fp16 copy of every GPTQ decoder linear (dequantized on the GPU in create(): 2 bytes a weight, 14 GB
   // for Llama-3.1-8B), read by the prompt processor's long chunks (where kernels/cuda/gemm.h would dequantize
