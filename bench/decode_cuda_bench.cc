@@ -303,6 +303,9 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // started before o's launch: at 4096, 256 blocks of 512 threads, most of them past the sequence.
   // "-wcN" (last of all): N warm copies at the end of create() (CudaModelOptions::warm_copies; default 21), e.g.
   // fused-wc0 for none (session 46: as a fresh process ran before them).
+  // "-wsN" (after any -wcN): the warm copies' stream (CudaModelOptions::warm_copies_stream: 0 their own, 1 their own
+  // kept, 2 the model's, 3 the legacy default stream), e.g. fused-ws2.
+  if (int64_t ws = 0; take_number_suffix(base, "-ws", 1, &ws)) o.warm_copies_stream = static_cast<int>(ws);
   if (int64_t wc = 0; take_number_suffix(base, "-wc", 3, &wc)) o.warm_copies = static_cast<int>(wc);
   take_number_suffix(base, "-ctx", 6, &o.context_length);
   // "-tmagS" (after any "-ctxN", before "-uz0"): gate/up through the tensor-copy-fed GEMV with S stages a warp

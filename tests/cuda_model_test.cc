@@ -11,6 +11,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "petrel/io/npy.h"
 #include "petrel/kernels/cuda/device.h"
@@ -496,10 +497,18 @@ TEST(CudaModel, WarmCopiesChangeNoLogits) {
   auto model = LlamaModel::load(data_dir() / "models/aidreams260k");
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   std::vector<std::vector<float>> runs;
-  for (const int copies : {0, CudaModelOptions{}.warm_copies, 200}) {
+  // None, the default count on each stream warm_copies_stream names, and many.
+  const std::pair<int, int> cases[] = {{0, 0},
+                                       {CudaModelOptions{}.warm_copies, CudaModelOptions::kWarmOwnStream},
+                                       {CudaModelOptions{}.warm_copies, CudaModelOptions::kWarmKeptStream},
+                                       {CudaModelOptions{}.warm_copies, CudaModelOptions::kWarmModelStream},
+                                       {CudaModelOptions{}.warm_copies, CudaModelOptions::kWarmLegacyStream},
+                                       {200, CudaModelOptions{}.warm_copies_stream}};
+  for (const auto& [copies, stream] : cases) {
     CudaModelOptions options;
     options.context_length = 16;
     options.warm_copies = copies;
+    options.warm_copies_stream = stream;
     auto gpu = CudaModel::create(**model, options);
     ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
     std::vector<float> all, logits;
@@ -510,8 +519,7 @@ TEST(CudaModel, WarmCopiesChangeNoLogits) {
     runs.push_back(std::move(all));
   }
   EXPECT_GT(CudaModelOptions{}.warm_copies, 0);
-  EXPECT_EQ(runs[1], runs[0]);
-  EXPECT_EQ(runs[2], runs[0]);
+  for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "case " << i;
 }
 
 // decode_top / forward_top (the k largest logits chosen on the GPU) against the full logits of the same

@@ -124,9 +124,10 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
-// CudaModelOptions::warm_copies: `count` device-to-device copies between two 64 MiB buffers, freed after. Best
-// effort: where the buffers cannot be had with 256 MiB to spare (a full GPU) nothing is copied and create() goes on.
-Status warm_copies(int count, cuda::Stream stream) {
+// CudaModelOptions::warm_copies: `count` device-to-device copies between two 64 MiB buffers, freed after, on the
+// stream `where` says (CudaModelOptions::warm_copies_stream; a kept one is left in *kept). Best effort: where the
+// buffers cannot be had with 256 MiB to spare (a full GPU) nothing is copied and create() goes on.
+Status warm_copies(int count, int where, cuda::Stream model_stream, cuda::CudaStream* kept) {
   if (count <= 0) return ok_status();
   constexpr size_t kBytes = size_t{64} << 20;
   PETREL_ASSIGN_OR_RETURN(const cuda::MemoryInfo memory, cuda::memory_info());
@@ -134,9 +135,19 @@ Status warm_copies(int count, cuda::Stream stream) {
   auto a = cuda::DeviceBuffer::allocate(kBytes);
   auto b = cuda::DeviceBuffer::allocate(kBytes);
   if (!a.ok() || !b.ok()) return ok_status();
-  // What the bytes are does not matter (the bench's --warm copies unset buffers too); no memset on another stream.
+  cuda::CudaStream own;
+  cuda::Stream stream = model_stream;
+  if (where == CudaModelOptions::kWarmLegacyStream) {
+    stream = nullptr;
+  } else if (where != CudaModelOptions::kWarmModelStream) {
+    PETREL_ASSIGN_OR_RETURN(own, cuda::CudaStream::create());
+    stream = own.get();
+  }
+  // What the bytes are does not matter (the bench's --warm copies unset buffers too).
   for (int i = 0; i < count; ++i) PETREL_RETURN_IF_ERROR(cuda::copy_on_device(b->data(), a->data(), kBytes, stream));
-  return cuda::synchronize();
+  PETREL_RETURN_IF_ERROR(cuda::synchronize());
+  if (where == CudaModelOptions::kWarmKeptStream) *kept = std::move(own);
+  return ok_status();
 }
 
 }  // namespace
@@ -221,6 +232,7 @@ struct CudaModel::State {
   int64_t position = 0;
 
   cuda::CudaStream stream;
+  cuda::CudaStream warm_stream;  // CudaModelOptions::kWarmKeptStream's, unused after create()
   cuda::GemvWorkspace gemv_workspace;
   // Independent projections run side by side: k and v beside q, up beside gate (each GEMV of a small
   // matrix is mostly fixed latency; see kernels/cuda/gemv_gptq.cu). Each side stream has its own workspace.
@@ -1186,7 +1198,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   s.init_times.buffers_ms = phase_ms();
   auto gpu = std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
   if (options.warm_up) PETREL_RETURN_IF_ERROR(with_context(gpu->warm_up(), "warming up the CUDA model"));
-  PETREL_RETURN_IF_ERROR(with_context(warm_copies(options.warm_copies, gpu->state_->stream.get()), "the warm copies"));
+  PETREL_RETURN_IF_ERROR(with_context(warm_copies(options.warm_copies, options.warm_copies_stream, gpu->state_->stream.get(),
+                                                     &gpu->state_->warm_stream),
+                                         "the warm copies"));
   gpu->state_->init_times.warm_up_ms = phase_ms();
   return gpu;
 }

@@ -247,6 +247,12 @@ struct CudaModelOptions {
   // memsets part of it; docs/PERFORMANCE.md, session 46). ~1 ms of the init time (2.8 GB
   // of traffic; not timed). 0: none.
   int warm_copies = 21;
+  // The stream the warm copies run on (session 47, an H100: on the model's own stream they gained nothing, while
+  // the bench's copies, which gave the gain, ran on a stream of their own): kWarmOwnStream a stream created for
+  // them and destroyed after, kWarmKeptStream one created for them and kept as long as the model,
+  // kWarmModelStream the model's stream, kWarmLegacyStream CUDA's legacy default stream.
+  enum WarmStream : int { kWarmOwnStream = 0, kWarmKeptStream = 1, kWarmModelStream = 2, kWarmLegacyStream = 3 };
+  int warm_copies_stream = kWarmOwnStream;
   // An fp16 copy of every GPTQ decoder linear (dequantized on the GPU in create(): 2 bytes a weight, 14 GB
   // for Llama-3.1-8B), read by the prompt processor's long chunks (where kernels/cuda/gemm.h would dequantize
   // on every call: ~30% of a 512-token chunk's time on the H200) as plain cuBLAS products; same numerics.
