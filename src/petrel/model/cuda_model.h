@@ -244,8 +244,9 @@ struct CudaModelOptions {
   // free). Why they help is not known, but a process that has made ~20 such copies runs the decode step faster
   // ever after: H100, 8B tg128, group 128 511.3 -> 519.7 and per channel 536.2 -> 544.8 tokens/s (+1.6%; the
   // same copies of 1 GiB after the model's creation; 64 MiB ones before it gave as much, one copy nothing,
-  // memsets part of it; docs/PERFORMANCE.md, session 46). ~1 ms of the init time (2.8 GB
-  // of traffic; not timed). 0: none.
+  // memsets part of it; docs/PERFORMANCE.md, session 46), provided they run on another stream than the model's
+  // (session 47, an H100: 507.3 none, 515.0 on their own stream, 507.0 on the model's). ~1 ms of the init time
+  // (2.8 GB of traffic; not timed). 0: none.
   int warm_copies = 21;
   // The stream the warm copies run on (session 47, an H100: on the model's own stream they gained nothing, while
   // the bench's copies, which gave the gain, ran on a stream of their own): kWarmOwnStream a stream created for
