@@ -11,6 +11,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 
 #include "petrel/io/npy.h"
@@ -520,6 +521,21 @@ TEST(CudaModel, WarmCopiesChangeNoLogits) {
   }
   EXPECT_GT(CudaModelOptions{}.warm_copies, 0);
   for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "case " << i;
+}
+
+// An out-of-range warm_copies_stream is refused before anything touches a GPU (so this runs without one).
+TEST(CudaModel, UnknownWarmCopiesStreamIsAClearError) {
+  if (!cuda::built_with_cuda()) GTEST_SKIP() << "the CUDA backend is not built";
+  auto model = LlamaModel::load(data_dir() / "models/aidreams260k");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  for (const int bad : {-1, 4}) {
+    CudaModelOptions options;
+    options.warm_copies_stream = bad;
+    auto gpu = CudaModel::create(**model, options);
+    ASSERT_FALSE(gpu.ok());
+    EXPECT_NE(gpu.status().to_string().find("warm_copies_stream " + std::to_string(bad)), std::string::npos)
+        << gpu.status().to_string();
+  }
 }
 
 // decode_top / forward_top (the k largest logits chosen on the GPU) against the full logits of the same

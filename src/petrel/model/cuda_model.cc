@@ -1003,6 +1003,11 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   if (!cuda::built_with_cuda()) {
     return unsupported("the CUDA backend is not built (configure with nvcc available and -DPETREL_CUDA=ON)");
   }
+  if (options.warm_copies_stream < CudaModelOptions::kWarmOwnStream ||
+      options.warm_copies_stream > CudaModelOptions::kWarmLegacyStream) {
+    return invalid_argument("warm_copies_stream " + std::to_string(options.warm_copies_stream) +
+                            " is none of 0 (own), 1 (own, kept), 2 (the model's), 3 (legacy default)");
+  }
   PETREL_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
   if (devices.empty()) return unsupported("no CUDA device: " + cuda::no_device_reason());
   if (options.device < 0 || options.device >= static_cast<int>(devices.size())) {
