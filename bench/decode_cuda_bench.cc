@@ -24,7 +24,8 @@
 // 1.2-2.5% faster than in a process without them, as `petrel run` / `petrel bench` were (H100, session 45: per
 // channel 544 against 538, group 128 519 against 505-512; session 46: the count of copies does it, why is not
 // known). Since session 46 CudaModel::create makes such copies itself (CudaModelOptions::warm_copies; variant
-// suffix -wc0: none), so the figure with and without --copy-gbs should agree; -wc0 with --copy-gbs is the old CLI's.
+// suffix -wc0: none), on a stream of their own since session 47 (on the model's stream they gain nothing), so the
+// figure with and without --copy-gbs should agree (not yet compared in one run); -wc0 with --copy-gbs is the old CLI's.
 // --before MODE, after the measurement (or its skip): which half of it does that, 2 GiB as two 1 GiB buffers
 // allocated and freed untouched (alloc-free), allocated and kept to the end (alloc-keep), memset and freed
 // (memset-free), or copied between as the measurement does (21 copies) and kept (copy-keep).

@@ -248,10 +248,10 @@ struct CudaModelOptions {
   // (session 47, an H100: 507.3 none, 515.0 on their own stream, 507.0 on the model's). ~1 ms of the init time
   // (2.8 GB of traffic; not timed). 0: none.
   int warm_copies = 21;
-  // The stream the warm copies run on (session 47, an H100: on the model's own stream they gained nothing, while
-  // the bench's copies, which gave the gain, ran on a stream of their own): kWarmOwnStream a stream created for
-  // them and destroyed after, kWarmKeptStream one created for them and kept as long as the model,
-  // kWarmModelStream the model's stream, kWarmLegacyStream CUDA's legacy default stream.
+  // The stream the warm copies run on (any but the model's gives the gain, above): kWarmOwnStream a stream
+  // created for them and destroyed after, kWarmKeptStream one created for them and kept as long as the model,
+  // kWarmModelStream the model's stream, kWarmLegacyStream CUDA's legacy default stream. All but the default
+  // are kept for the bench's -wsN, which recorded each (docs/PERFORMANCE.md, session 47).
   enum WarmStream : int { kWarmOwnStream = 0, kWarmKeptStream = 1, kWarmModelStream = 2, kWarmLegacyStream = 3 };
   int warm_copies_stream = kWarmOwnStream;
   // An fp16 copy of every GPTQ decoder linear (dequantized on the GPU in create(): 2 bytes a weight, 14 GB
