@@ -9,7 +9,7 @@
 //                            [--reps N] [-n N] [--prompt N] [--depth N] [--kernels]
 //                            [--variants unfused,fused-serial,...] [--timeline FILE] [--warm-up] [--untimed]
 //                            [--copy-gbs X] [--before alloc-free|alloc-keep|memset-free|copy-keep]
-//                            [--warm memcpy|memset:MIB:REPS:before|after]
+//                            [--warm memcpy|memset:MIB:REPS:before|after] [--idle-ms N]
 //
 // Without --model the weights are random GPTQ tensors made in memory with the preset's exact shapes
 // (4-bit decoder linears per-channel or group 128, 8-bit per-channel LM head, bf16 embedding and norms):
@@ -32,6 +32,8 @@
 // --warm OP:MIB:REPS:WHEN (session 46, after copy-keep alone gave the gain on an H100): REPS device-to-device
 // copies (memcpy) or memsets of MIB MiB, on two buffers freed afterwards, before anything (before) or right after
 // each variant's model is created (after, as a warm-up at load in the product would be).
+// --idle-ms N: the GPU left idle N ms before each timed run of decode steps (and its warm-up run), as a server's
+// first request after a quiet spell finds it: whether the step's speed (the warm copies' gain included) survives.
 // --prompt N (default 29, 0: none) also times the prompt processor on N tokens from an empty cache up to the
 // last token's logits on the host (CudaModel::forward, LogitsMode::kLast): the time to first token as Genie
 // counts it, less sampling; median of the reps; "top-40 ms" the same through CudaModel::forward_top (the 40
@@ -273,6 +275,7 @@ struct Options {
   std::string warm;         // --warm OP:MIB:REPS:WHEN (see the header)
   std::string before;       // --before MODE: what happens to 2 GiB of device memory before the model (see main)
   double copy_gbs = 0;      // --copy-gbs X: the copy bandwidth taken as given, not measured (0: measured)
+  int idle_ms = 0;          // --idle-ms N: the GPU idle N ms before each run of decode steps
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
 
@@ -932,6 +935,7 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
         if (o.depth > 0) {
           check((*gpu)->forward(depth_tokens, LogitsMode::kLast, &logits), "--depth prompt");
         }
+        if (o.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.idle_ms));
         const auto start = std::chrono::steady_clock::now();
         for (int t = 0; t < o.n_gen; ++t) one(static_cast<int32_t>((t * 7919 + 1) % c.vocab_size));
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -1037,10 +1041,12 @@ int main(int argc, char** argv) {
     else if (a == "--copy-gbs") o.copy_gbs = std::stod(value());
     else if (a == "--before") o.before = value();
     else if (a == "--warm") o.warm = value();
+    else if (a == "--idle-ms") o.idle_ms = std::stoi(value());
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
                            "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE] "
-                           "[--warm-up] [--untimed] [--copy-gbs X] [--before alloc-free|alloc-keep|memset-free|copy-keep]\n");
+                           "[--warm-up] [--untimed] [--copy-gbs X] [--before alloc-free|alloc-keep|memset-free|copy-keep] "
+                           "[--warm OP:MIB:REPS:WHEN] [--idle-ms N]\n");
       return 2;
     }
   }
