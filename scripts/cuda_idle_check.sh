@@ -3,7 +3,7 @@
 # idling between runs (a server's first request after a quiet spell)? The decode bench per channel with and
 # without the warm copies (-wc0), the GPU idle 0, 300 and 3,000 ms before each run of 128 steps (--idle-ms), with
 # the SM and memory clocks, power and performance state logged every 100 ms meanwhile ($OUT/clocks.csv).
-# On an H200 it runs scripts/cuda_h200_short.sh first (the unmet criterion's figures).
+# Then memsets in place of the copies (--warm memset:64:21:after). On an H200 it runs scripts/cuda_h200_short.sh first (the unmet criterion's figures).
 # Run tool: command `bash scripts/cuda_idle_check.sh`, carry [".gl/pkg.tar.xz"].
 set -u
 . scripts/cuda_unpack.sh >/dev/null 2>&1
@@ -19,6 +19,11 @@ for I in 0 300 3000 0; do
     echo "$(date +%T.%N | cut -c1-12) start idle $I $V"
     timeout 120 $D --idle-ms $I --variants $V 2>&1 | grep -E "^. fused|rror" | sed "s/^/idle $I /"
   done
+done
+# The mechanism: memsets instead of copies, on the bench's stream (not the model's), against the same copies there.
+for W in memset:64:21:after memcpy:64:21:after; do
+  echo "$(date +%T.%N | cut -c1-12) start warm $W"
+  timeout 60 $D --variants fused-wc0 --warm $W 2>&1 | grep -E "^. fused|rror" | sed "s/^/warm $W /"
 done
 kill $LOGGER
 awk -F', ' '{print $2, $3, $5}' "$OUT/clocks.csv" | sort | uniq -c | sort -rn | head -12
