@@ -3,7 +3,8 @@
 # idling between runs (a server's first request after a quiet spell)? The decode bench per channel with and
 # without the warm copies (-wc0), the GPU idle 0, 300 and 2,000 ms before each run of 128 steps (--idle-ms), with
 # the SM and memory clocks, power and performance state logged every 100 ms meanwhile ($OUT/clocks.csv).
-# Then memsets in place of the copies (--warm memset:64:21:after). On an H200 it runs scripts/cuda_h200_short.sh first (the unmet criterion's figures).
+# Then memsets in place of the copies (--warm memset:64:21:after). On an H200 it runs scripts/cuda_h200_short.sh
+# first (the unmet criterion's figures).
 # Run tool: command `bash scripts/cuda_idle_check.sh`, carry [".gl/pkg.tar.xz"].
 set -u
 . scripts/cuda_unpack.sh >/dev/null 2>&1
