@@ -106,8 +106,8 @@ int run_run(const RunFlags& f) {
                  (create.stop_us - create.start_us) / 1e3, t.weights_ms, t.text_ms);
     if ((*engine)->backend() == Backend::kCuda) {
       std::fprintf(stderr, "; GPUs found %.1f ms; on the GPU %.1f ms: upload %.1f, fp16 copies %.1f, buffers %.1f, "
-                   "warm-up %.1f", t.devices_ms, t.gpu_ms, t.gpu.upload_ms, t.gpu.f16_copies_ms, t.gpu.buffers_ms,
-                   t.gpu.warm_up_ms);
+                   "warm-up %.1f, warm copies %.1f", t.devices_ms, t.gpu_ms, t.gpu.upload_ms, t.gpu.f16_copies_ms,
+                   t.gpu.buffers_ms, t.gpu.warm_up_ms, t.gpu.warm_copies_ms);
     }
     std::fprintf(stderr, ")\n");
   }

@@ -1203,10 +1203,11 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const LlamaModel& model, co
   s.init_times.buffers_ms = phase_ms();
   auto gpu = std::unique_ptr<CudaModel>(new CudaModel(std::move(state)));
   if (options.warm_up) PETREL_RETURN_IF_ERROR(with_context(gpu->warm_up(), "warming up the CUDA model"));
+  gpu->state_->init_times.warm_up_ms = phase_ms();
   PETREL_RETURN_IF_ERROR(with_context(warm_copies(options.warm_copies, options.warm_copies_stream, gpu->state_->stream.get(),
                                                      &gpu->state_->warm_stream),
                                          "the warm copies"));
-  gpu->state_->init_times.warm_up_ms = phase_ms();
+  gpu->state_->init_times.warm_copies_ms = phase_ms();
   return gpu;
 }
 

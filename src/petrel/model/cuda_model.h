@@ -268,7 +268,8 @@ struct CudaInitTimes {
   double upload_ms = 0;     // streams, workspaces and the weights copied to the device
   double f16_copies_ms = 0;  // the prefill_f16_weights copies
   double buffers_ms = 0;    // KV cache, activations and scratch
-  double warm_up_ms = 0;
+  double warm_up_ms = 0;     // CudaModelOptions::warm_up: a prompt per prefill kernel family and a decode step
+  double warm_copies_ms = 0;  // CudaModelOptions::warm_copies
 };
 
 // What create() allocates on the device, computed from the host model before anything is uploaded.
