@@ -245,8 +245,8 @@ struct CudaModelOptions {
   // ever after: H100, 8B tg128, group 128 511.3 -> 519.7 and per channel 536.2 -> 544.8 tokens/s (+1.6%; the
   // same copies of 1 GiB after the model's creation; 64 MiB ones before it gave as much, one copy nothing,
   // memsets part of it; docs/PERFORMANCE.md, session 46), provided they run on another stream than the model's
-  // (session 47, an H100: 507.3 none, 515.0 on their own stream, 507.0 on the model's). ~1 ms of the init time
-  // (2.8 GB of traffic; not timed). 0: none.
+  // (session 47, an H100: 507.3 none, 515.0 on their own stream, 507.0 on the model's); 5 copies give all of it,
+  // 2 a third (session 48). ~1 ms of the init time (2.8 GB of traffic; CudaInitTimes::warm_copies_ms). 0: none.
   int warm_copies = 21;
   // The stream the warm copies run on (any but the model's gives the gain, above): kWarmOwnStream a stream
   // created for them and destroyed after, kWarmKeptStream one created for them and kept as long as the model,
