@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "petrel/kernels/cuda/device.h"
 #include "petrel/model/cuda_model.h"
 #include "petrel/runtime/session.h"
+#include "petrel/util/dtype.h"
 #include "test_util.h"
 
 namespace petrel {
@@ -286,8 +289,6 @@ TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
   auto gpu = Session::create(*gpu_engine, 512);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   EXPECT_EQ(Session::create(*gpu_engine, 512).status().code(), ErrorCode::kUnsupported);  // one session holds the GPU cache
-  EXPECT_EQ((*gpu)->save(path("kv.bin")).code(), ErrorCode::kUnsupported);
-  EXPECT_EQ((*gpu)->restore(path("kv.bin")).code(), ErrorCode::kUnsupported);
   Session cpu(*cpu_engine, 512);
 
   GenerationConfig config;
@@ -327,6 +328,100 @@ TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
   EXPECT_GE(need.total(), (*gpu_engine)->cuda_model()->device_bytes());
   gpu->reset();  // the session gives the GPU cache back
   EXPECT_TRUE(Session::create(*gpu_engine, 512).ok());
+}
+
+// A state file's KV rows as floats (the f16 elements after the header and the tokens).
+std::vector<float> state_rows(const std::string& bytes, int64_t n_tokens) {
+  const size_t start = 8 + 4 + 6 * sizeof(int64_t) + n_tokens * sizeof(int32_t);
+  std::vector<float> rows;
+  for (size_t i = start; i + 2 <= bytes.size(); i += 2) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes.data() + i, 2);
+    rows.push_back(f16_to_f32(bits));
+  }
+  return rows;
+}
+
+TEST_F(Backend, GpuSessionSavesAndRestoresItsKvCacheInTheCpusFormat) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  EngineOptions cpu_options, gpu_options;
+  cpu_options.backend = petrel::Backend::kCpu;
+  gpu_options.backend = petrel::Backend::kCuda;
+  gpu_options.context_length = 512;
+  auto cpu_engine = Engine::load(path("cpu_bundle"), cpu_options);
+  auto gpu_engine = Engine::load(path("cpu_bundle"), gpu_options);
+  ASSERT_TRUE(cpu_engine.ok() && gpu_engine.ok());
+  auto gpu = Session::create(*gpu_engine, 512);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  Session cpu(*cpu_engine, 512);
+  GenerationConfig config;
+  config.sampler.greedy = true;
+  config.max_new_tokens = 6;
+  config.stop_token_ids = std::vector<int32_t>{};
+  const std::vector<int32_t> prompt = {4080, 424, 1413, 276, 289, 311, 3585, 303}, more = {424, 1413};
+
+  ASSERT_TRUE((*gpu)->query_tokens(prompt, config).ok());
+  ASSERT_TRUE(cpu.query_tokens(prompt, config).ok());
+  ASSERT_EQ((*gpu)->history(), cpu.history());  // the greedy tokens agree (GpuSessionReusesThePrefix... checks more)
+  ASSERT_TRUE((*gpu)->save(path("gpu.kv")).ok());
+  ASSERT_TRUE(cpu.save(path("cpu.kv")).ok());
+  // The same file on both backends: equal sizes, headers and tokens; the rows as close as the two forwards are.
+  auto gpu_bytes = read_text_file(path("gpu.kv"));
+  auto cpu_bytes = read_text_file(path("cpu.kv"));
+  ASSERT_TRUE(gpu_bytes.ok() && cpu_bytes.ok());
+  ASSERT_EQ(gpu_bytes->size(), cpu_bytes->size());
+  const int64_t n = (*gpu)->position();
+  const size_t head = 8 + 4 + 6 * sizeof(int64_t) + n * sizeof(int32_t);
+  int64_t header[6];
+  std::memcpy(header, gpu_bytes->data() + 12, sizeof header);
+  EXPECT_EQ(header[2], 512);  // the context
+  EXPECT_EQ(header[3], n);
+  EXPECT_EQ(gpu_bytes->substr(0, head), cpu_bytes->substr(0, head));
+  const std::vector<float> g = state_rows(*gpu_bytes, n), c = state_rows(*cpu_bytes, n);
+  ASSERT_EQ(g.size(), c.size());
+  float scale = 0, worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    scale = std::max(scale, std::abs(c[i]));
+    worst = std::max(worst, std::abs(g[i] - c[i]));
+  }
+  EXPECT_GT(scale, 0.0f);
+  EXPECT_LT(worst, 2e-2f * scale) << "keys and values saved on the GPU are not the CPU's (layout or rotation?)";
+
+  // Each backend continues from the other's state with the tokens it gives from its own.
+  auto gpu_continued = (*gpu)->query_tokens(more, config);
+  ASSERT_TRUE(gpu_continued.ok());
+  Session cpu_restored(*cpu_engine, 512);
+  ASSERT_TRUE(cpu_restored.restore(path("gpu.kv")).ok());
+  EXPECT_EQ(cpu_restored.position(), n);
+  auto cpu_continued = cpu_restored.query_tokens(more, config);
+  ASSERT_TRUE(cpu_continued.ok());
+  EXPECT_EQ(cpu_continued->tokens, gpu_continued->tokens);
+  (*gpu)->reset();
+  ASSERT_TRUE((*gpu)->restore(path("cpu.kv")).ok());
+  EXPECT_EQ((*gpu)->position(), n);
+  EXPECT_EQ((*gpu)->history(), cpu.history());
+  auto gpu_from_cpu = (*gpu)->query_tokens(more, config);
+  ASSERT_TRUE(gpu_from_cpu.ok());
+  EXPECT_EQ(gpu_from_cpu->tokens, gpu_continued->tokens);
+  // And from its own state, after other positions were written past it (they are not read again).
+  ASSERT_TRUE((*gpu)->restore(path("gpu.kv")).ok());
+  auto gpu_again = (*gpu)->query_tokens(more, config);
+  ASSERT_TRUE(gpu_again.ok());
+  EXPECT_EQ(gpu_again->tokens, gpu_continued->tokens);
+
+  // Bad files change nothing: truncated, or saved with another KV type.
+  const int64_t before = (*gpu)->position();
+  std::ofstream(path("cut.kv"), std::ios::binary) << gpu_bytes->substr(0, gpu_bytes->size() - 100);
+  Status cut = (*gpu)->restore(path("cut.kv"));
+  EXPECT_EQ(cut.code(), ErrorCode::kInvalidData);
+  EXPECT_NE(cut.message().find("truncated"), std::string::npos) << cut.message();
+  Session q8(*cpu_engine, 512, KvType::kQ8);
+  ASSERT_TRUE(q8.query_tokens(prompt, config).ok());
+  ASSERT_TRUE(q8.save(path("q8.kv")).ok());
+  Status typed = (*gpu)->restore(path("q8.kv"));
+  EXPECT_EQ(typed.code(), ErrorCode::kInvalidData);
+  EXPECT_NE(typed.message().find("q8"), std::string::npos) << typed.message();
+  EXPECT_EQ((*gpu)->position(), before);
 }
 
 }  // namespace

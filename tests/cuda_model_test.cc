@@ -513,7 +513,9 @@ TEST(CudaModel, WarmCopiesChangeNoLogits) {
     auto gpu = CudaModel::create(**model, options);
     ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
     // Timed apart from the warm-up (CudaInitTimes::warm_copies_ms; 0 if create() left it unset).
-    if (copies > 0) EXPECT_GT((*gpu)->init_times().warm_copies_ms, 0.0) << "case " << runs.size();
+    if (copies > 0) {
+      EXPECT_GT((*gpu)->init_times().warm_copies_ms, 0.0) << "case " << runs.size();
+    }
     std::vector<float> all, logits;
     for (const int32_t token : {1, 42, 7, 300, 5}) {
       ASSERT_TRUE((*gpu)->decode(token, &logits).ok());

@@ -152,6 +152,32 @@ TEST(Session, SaveAndRestoreContinueIdentically) {
   EXPECT_EQ(c.position(), 0);
 }
 
+TEST(Session, SaveAndRestoreCarryQ8ScalesAndRefuseAnotherKvType) {
+  auto engine = tiny_engine();
+  testing::TempDir dir("session_kv_q8");
+  Session a(engine, 512, KvType::kQ8);
+  ASSERT_TRUE(a.query_tokens(kPrompt, greedy(6)).ok());
+  ASSERT_TRUE(a.save(dir / "q8.kv").ok());
+  std::vector<int32_t> more = {424, 1413};
+  auto continued = a.query_tokens(more, greedy(10));
+  Session b(engine, 512, KvType::kQ8);
+  ASSERT_TRUE(b.restore(dir / "q8.kv").ok());
+  EXPECT_EQ(b.history().size(), 8u + 5u);
+  auto restored = b.query_tokens(more, greedy(10));
+  ASSERT_TRUE(continued.ok() && restored.ok());
+  EXPECT_EQ(continued->tokens, restored->tokens);  // the rows' scales came back too
+  // An f16 session refuses the q8 state, naming both types, and stays as it was.
+  Session c(engine, 512);
+  ASSERT_TRUE(c.query_tokens(kPrompt, greedy(2)).ok());
+  const int64_t before = c.position();
+  Status s = c.restore(dir / "q8.kv");
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidData);
+  EXPECT_NE(s.message().find("q8"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("f16"), std::string::npos) << s.message();
+  EXPECT_EQ(c.position(), before);
+  EXPECT_EQ(c.history().size(), static_cast<size_t>(before));
+}
+
 TEST(Session, PromptOverTheContextIsRefusedWithoutChangingTheSession) {
   auto engine = tiny_engine();
   Session session(engine, 16);

@@ -979,6 +979,48 @@ void CudaModel::truncate(int64_t n) {
   if (n >= 0 && n < state_->position) state_->position = n;
 }
 
+namespace {
+Status check_kv_rows(const char* what, int64_t layer, int64_t n, size_t elements, const LlamaConfig& c, int64_t context) {
+  const std::string where = std::string("CudaModel::") + what + ": ";
+  if (layer < 0 || layer >= c.num_hidden_layers) {
+    return invalid_argument(where + "layer " + std::to_string(layer) + " of " + std::to_string(c.num_hidden_layers));
+  }
+  if (n < 0 || n > context) {
+    return invalid_argument(where + std::to_string(n) + " positions, the cache holds " + std::to_string(context));
+  }
+  if (static_cast<int64_t>(elements) != n * c.kv_dim()) {
+    return invalid_argument(where + std::to_string(elements) + " elements for " + std::to_string(n) + " positions of " +
+                            std::to_string(c.kv_dim()) + " (n_kv_heads x head_dim)");
+  }
+  return ok_status();
+}
+}  // namespace
+
+Status CudaModel::read_kv(int64_t layer, bool values, int64_t n, std::span<uint16_t> out) const {
+  const State& s = *state_;
+  PETREL_RETURN_IF_ERROR(check_kv_rows("read_kv", layer, n, out.size(), s.config, s.options.context_length));
+  const uint16_t* rows = (values ? s.values : s.keys).as<uint16_t>() + layer * s.kv_layer_elements();
+  PETREL_RETURN_IF_ERROR(cuda::copy_to_host(out.data(), rows, out.size_bytes(), s.stream.get()));
+  return with_context(s.stream.synchronize(), "copying the KV cache to the host");
+}
+
+Status CudaModel::write_kv(int64_t layer, bool values, int64_t n, std::span<const uint16_t> in) {
+  State& s = *state_;
+  PETREL_RETURN_IF_ERROR(check_kv_rows("write_kv", layer, n, in.size(), s.config, s.options.context_length));
+  uint16_t* rows = (values ? s.values : s.keys).as<uint16_t>() + layer * s.kv_layer_elements();
+  PETREL_RETURN_IF_ERROR(cuda::copy_to_device(rows, in.data(), in.size_bytes(), s.stream.get()));
+  return with_context(s.stream.synchronize(), "copying the KV cache to the GPU");
+}
+
+Status CudaModel::set_position(int64_t n) {
+  if (n < 0 || n > state_->options.context_length) {
+    return invalid_argument("CudaModel::set_position: " + std::to_string(n) + " positions, the cache holds " +
+                            std::to_string(state_->options.context_length));
+  }
+  state_->position = n;
+  return ok_status();
+}
+
 const CudaInitTimes& CudaModel::init_times() const { return state_->init_times; }
 
 bool CudaModel::resident_step() const { return state_->resident.size() > 0; }

@@ -321,6 +321,18 @@ class CudaModel {
   void reset();                    // forget the sequence (memory is kept)
   void truncate(int64_t n);        // drop positions >= n
 
+  // The KV cache's rows of positions [0, n) of one layer, keys or values: fp16 [n, n_kv_heads, head_dim], the
+  // layout of the CPU backend's f16 cache (what Session::save writes, so a state saved on one backend restores on
+  // the other). Ordered after the work queued so far; returns when the copy is done. Errors (kInvalidArgument)
+  // for a layer out of range, n outside [0, context_length()] or a span of another size than n * kv_dim.
+  Status read_kv(int64_t layer, bool values, int64_t n, std::span<uint16_t> out) const;
+  // The reverse: positions [0, n) of one layer's keys or values from the host; then set_position(n) makes them
+  // the sequence. Rows at or past position() are never read by a step, so stale ones need no clearing.
+  Status write_kv(int64_t layer, bool values, int64_t n, std::span<const uint16_t> in);
+  // position() := n, 0 <= n <= context_length() (kInvalidArgument otherwise, changing nothing): after write_kv
+  // filled positions [0, n) of every layer's keys and values.
+  Status set_position(int64_t n);
+
   // Runs `token` at position(), appends it to the cache and, when `logits` is not null, returns its logits
   // [vocab] on the host. Fails with kOutOfRange, changing nothing, when the cache is full.
   Status decode(int32_t token, std::vector<float>* logits);

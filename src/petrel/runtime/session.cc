@@ -263,50 +263,72 @@ constexpr char kKvMagic[8] = {'P', 'E', 'T', 'R', 'E', 'L', 'K', 'V'};
 constexpr uint32_t kKvVersion = 2;  // 2: the element type in the header, scales after each layer's kQ8 rows
 constexpr size_t kKvHeaderFields = 6;
 
-// The bytes of layer l's keys or values (and kQ8 scales) for the first n positions, in file order.
+// A state file: magic, version, header {n_layers, kv_dim, context_length, n_past, tokens, KV type}, the tokens
+// (int32), then for each layer its keys and then its values, each the rows of positions [0, n_past) (and for kQ8
+// the rows' scales after them). The same on both backends: the cuda backend's f16 cache has the CPU f16 cache's
+// row layout ([positions, n_kv_heads, head_dim]), so a state saved on one restores on the other.
+struct KvShape {
+  int64_t n_layers = 0, n_kv_heads = 0, kv_dim = 0, context_length = 0;
+  KvType type = KvType::kF16;
+  int64_t row_bytes(int64_t n) const { return n * kv_dim * cpu::kv_element_bytes(type); }
+  int64_t scale_bytes(int64_t n) const { return type == KvType::kQ8 ? n * n_kv_heads * static_cast<int64_t>(sizeof(float)) : 0; }
+};
+
+KvShape cpu_shape(const KvCache& cache) {
+  return {cache.n_layers, cache.n_kv_heads, cache.kv_dim, cache.context_length, cache.type};
+}
+KvShape gpu_shape(const LlamaConfig& c, int64_t context_length) {
+  return {c.num_hidden_layers, c.num_key_value_heads, c.kv_dim(), context_length, KvType::kF16};
+}
+
+// A CPU cache's rows (and kQ8 scales) of positions [0, n) of layer l's keys or values.
 struct LayerSpans {
   uint8_t* rows;
-  size_t row_bytes;
   float* scales;
-  size_t scale_bytes;
 };
-LayerSpans layer_spans(KvCache& cache, int64_t l, bool values, int64_t n) {
+LayerSpans layer_spans(KvCache& cache, int64_t l, bool values) {
   const cpu::KvLayer kv = cache.layer(l);
-  LayerSpans s;
-  s.rows = static_cast<uint8_t*>(values ? kv.values : kv.keys);
-  s.row_bytes = n * cache.kv_dim * cpu::kv_element_bytes(cache.type);
-  s.scales = values ? kv.value_scales : kv.key_scales;
-  s.scale_bytes = s.scales ? n * cache.n_kv_heads * sizeof(float) : 0;
-  return s;
+  return {static_cast<uint8_t*>(values ? kv.values : kv.keys), values ? kv.value_scales : kv.key_scales};
 }
 }  // namespace
 
 Status Session::save(const fs::path& path) const {
-  if (engine_->backend() == Backend::kCuda) {
-    return unsupported(path.string() + ": saving the KV cache is not supported on the cuda backend yet (the cache is on the GPU)");
+  PETREL_RETURN_IF_ERROR(init_status_);
+  CudaModel* gpu = holds_cuda_ ? engine_->cuda_model() : nullptr;
+  const KvShape shape = gpu ? gpu_shape(engine_->model().config(), forward_->context_length()) : cpu_shape(cache_);
+  const int64_t n_past = gpu ? gpu->position() : cache_.n_past;
+  if (static_cast<int64_t>(history_.size()) != n_past) {
+    return internal_error(path.string() + ": the session's " + std::to_string(history_.size()) + " tokens and its " +
+                          std::to_string(n_past) + " cached positions differ");
   }
   PETREL_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(path));
-  const int64_t header[kKvHeaderFields] = {cache_.n_layers, cache_.kv_dim, cache_.context_length, cache_.n_past,
-                                           static_cast<int64_t>(history_.size()), static_cast<int64_t>(cache_.type)};
+  const int64_t header[kKvHeaderFields] = {shape.n_layers, shape.kv_dim, shape.context_length, n_past,
+                                           static_cast<int64_t>(history_.size()), static_cast<int64_t>(shape.type)};
   PETREL_RETURN_IF_ERROR(writer->write(kKvMagic, sizeof kKvMagic));
   PETREL_RETURN_IF_ERROR(writer->write(&kKvVersion, sizeof kKvVersion));
   PETREL_RETURN_IF_ERROR(writer->write(header, sizeof header));
   PETREL_RETURN_IF_ERROR(writer->write(history_.data(), history_.size() * sizeof(int32_t)));
+  std::vector<uint16_t> staged(gpu ? static_cast<size_t>(n_past * shape.kv_dim) : 0);  // one layer's rows off the GPU
   KvCache& cache = const_cast<KvCache&>(cache_);  // layer views are non-const; nothing is modified
-  for (int64_t l = 0; l < cache_.n_layers; ++l) {
+  for (int64_t l = 0; l < shape.n_layers; ++l) {
     for (bool values : {false, true}) {
-      const LayerSpans s = layer_spans(cache, l, values, cache_.n_past);
-      PETREL_RETURN_IF_ERROR(writer->write(s.rows, s.row_bytes));
-      if (s.scale_bytes) PETREL_RETURN_IF_ERROR(writer->write(s.scales, s.scale_bytes));
+      if (gpu) {
+        PETREL_RETURN_IF_ERROR(gpu->read_kv(l, values, n_past, staged));
+        PETREL_RETURN_IF_ERROR(writer->write(staged.data(), shape.row_bytes(n_past)));
+        continue;
+      }
+      const LayerSpans s = layer_spans(cache, l, values);
+      PETREL_RETURN_IF_ERROR(writer->write(s.rows, shape.row_bytes(n_past)));
+      if (s.scales) PETREL_RETURN_IF_ERROR(writer->write(s.scales, shape.scale_bytes(n_past)));
     }
   }
   return writer->commit();
 }
 
 Status Session::restore(const fs::path& path) {
-  if (engine_->backend() == Backend::kCuda) {
-    return unsupported(path.string() + ": restoring a KV cache is not supported on the cuda backend yet (the cache is on the GPU)");
-  }
+  PETREL_RETURN_IF_ERROR(init_status_);
+  CudaModel* gpu = holds_cuda_ ? engine_->cuda_model() : nullptr;
+  const KvShape shape = gpu ? gpu_shape(engine_->model().config(), forward_->context_length()) : cpu_shape(cache_);
   PETREL_ASSIGN_OR_RETURN(std::string bytes, read_text_file(path));
   const std::string where = path.string();
   const size_t header_size = sizeof kKvMagic + sizeof kKvVersion + kKvHeaderFields * sizeof(int64_t);
@@ -319,35 +341,50 @@ Status Session::restore(const fs::path& path) {
   if (bytes.size() < header_size) return invalid_data(where + ": truncated header");
   int64_t h[kKvHeaderFields];
   std::memcpy(h, bytes.data() + 12, sizeof h);
-  if (h[0] != cache_.n_layers || h[1] != cache_.kv_dim) {
+  if (h[0] != shape.n_layers || h[1] != shape.kv_dim) {
     return invalid_data(where + ": saved for " + std::to_string(h[0]) + " layers x " + std::to_string(h[1]) +
-                        " KV width, this model has " + std::to_string(cache_.n_layers) + " x " + std::to_string(cache_.kv_dim));
+                        " KV width, this model has " + std::to_string(shape.n_layers) + " x " + std::to_string(shape.kv_dim));
   }
-  if (h[5] != static_cast<int64_t>(cache_.type)) {
-    return invalid_data(where + ": saved with a " + std::string(cpu::kv_type_name(static_cast<KvType>(h[5]))) +
-                        " KV cache, this session's is " + cpu::kv_type_name(cache_.type));
+  if (h[5] != static_cast<int64_t>(shape.type)) {
+    const bool known = h[5] >= 0 && h[5] <= static_cast<int64_t>(KvType::kQ8);
+    return invalid_data(where + ": saved with a " +
+                        (known ? std::string(cpu::kv_type_name(static_cast<KvType>(h[5]))) : "type " + std::to_string(h[5])) +
+                        " KV cache, this session's is " + cpu::kv_type_name(shape.type) +
+                        (gpu ? " (the cuda backend's)" : ""));
   }
   const int64_t n_past = h[3], n_history = h[4];
-  if (n_past < 0 || n_past > cache_.context_length || n_history != n_past) {
+  if (n_past < 0 || n_past > shape.context_length || n_history != n_past) {
     return invalid_data(where + ": " + std::to_string(n_past) + " saved positions do not fit this session's context of " +
-                        std::to_string(cache_.context_length));
+                        std::to_string(shape.context_length));
   }
-  const size_t expected = header_size + n_history * sizeof(int32_t) + 2 * cache_.n_layers * cache_.layer_bytes(n_past);
+  const int64_t layer_bytes = shape.row_bytes(n_past) + shape.scale_bytes(n_past);
+  const size_t expected = header_size + n_history * sizeof(int32_t) + 2 * shape.n_layers * layer_bytes;
   if (bytes.size() != expected) {
     return invalid_data(where + ": " + std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected) + " (truncated?)");
   }
+  // Everything is checked; from here on the cache is overwritten.
   const char* p = bytes.data() + header_size;
-  history_.assign(reinterpret_cast<const int32_t*>(p), reinterpret_cast<const int32_t*>(p) + n_history);
+  std::vector<int32_t> tokens(reinterpret_cast<const int32_t*>(p), reinterpret_cast<const int32_t*>(p) + n_history);
   p += n_history * sizeof(int32_t);
-  for (int64_t l = 0; l < cache_.n_layers; ++l) {
+  std::vector<uint16_t> rows(gpu ? static_cast<size_t>(n_past * shape.kv_dim) : 0);  // one layer's, aligned for the copy
+  for (int64_t l = 0; l < shape.n_layers; ++l) {
     for (bool values : {false, true}) {
-      const LayerSpans s = layer_spans(cache_, l, values, n_past);
-      std::memcpy(s.rows, p, s.row_bytes);
-      p += s.row_bytes;
-      if (s.scale_bytes) std::memcpy(s.scales, p, s.scale_bytes);
-      p += s.scale_bytes;
+      if (gpu) {
+        std::memcpy(rows.data(), p, shape.row_bytes(n_past));
+        if (Status s = gpu->write_kv(l, values, n_past, rows); !s.ok()) {
+          reset();  // part of the cache is overwritten: the session starts empty rather than inconsistent
+          return s.with_context(where);
+        }
+      } else {
+        const LayerSpans s = layer_spans(cache_, l, values);
+        std::memcpy(s.rows, p, shape.row_bytes(n_past));
+        if (s.scales) std::memcpy(s.scales, p + shape.row_bytes(n_past), shape.scale_bytes(n_past));
+      }
+      p += layer_bytes;
     }
   }
+  history_ = std::move(tokens);
+  if (gpu) return gpu->set_position(n_past);
   cache_.n_past = n_past;
   return ok_status();
 }

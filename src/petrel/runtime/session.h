@@ -9,7 +9,8 @@
 // (CudaModel: weights uploaded at load, fp16 KV cache on the device); kAuto takes the bundle's
 // dialog.engine.backend.type, and cpu for a checkpoint. A bundle runs on either (a cpu bundle's padded qweight
 // rows are compacted as they upload to the GPU; docs/BUNDLE_FORMAT.md). Sessions run through the same decoding loop (continue_generation over a ForwardPass). On cuda one
-// Session at a time holds the engine's GPU KV cache; KV save/restore and non-f16 KV caches are refused there.
+// Session at a time holds the engine's GPU KV cache; non-f16 KV caches are refused there. KV save/restore works on
+// both and its files are the same: a state saved on one backend restores on the other.
 //
 // Multi-turn: query() renders the whole conversation and processes only the tokens after the longest prefix
 // already in the KV cache, so earlier turns are not processed again. abort() may be called from another thread.
@@ -158,7 +159,9 @@ class Session {
 
   void abort() { abort_.store(true); }  // thread-safe; the running query stops after its current token
   void reset();
-  // The dialog's tokens and KV cache (CPU backend only: on cuda both fail with kUnsupported).
+  // The dialog's tokens and KV cache, written atomically (a temporary name, renamed when complete). One format on
+  // both backends (the f16 cache's rows are laid out alike), so a state moves between them; restore checks the
+  // whole file (model shape, KV type, context, size) before it changes anything.
   Status save(const std::filesystem::path& path) const;
   Status restore(const std::filesystem::path& path);
 
