@@ -1,6 +1,8 @@
 // The CLI contracts later checks rely on, exercised through the real binary.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "petrel/io/npy.h"
@@ -174,6 +176,45 @@ TEST(Cli, ChatReusesTheKvCacheAcrossTurns) {
   const size_t second = r.output.find("reused", r.output.find(", 0 reused") + 10);
   ASSERT_NE(second, std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(", 0 reused", r.output.find(", 0 reused") + 10), std::string::npos) << r.output;
+}
+
+TEST(Cli, ChatSavesAndResumesInAnotherProcess) {
+  const std::string model = (testing::data_dir() / "models/tiny-llama31").string();
+  testing::TempDir dir("chat_save");
+  const std::string file = (dir / "chat.kv").string();
+  const std::string chat = testing::cli_path().string() + " chat " + model + " --greedy -n 8";
+  // One process: a turn, /save, a second turn. Another: /load, the same second turn. stdout only (the stats go
+  // to stderr, which a pipe may interleave differently).
+  auto one = testing::run_command("printf 'Tell me about the city.\\n/save " + file + "\\nAnd the king?\\n/exit\\n' | " + chat, false);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = testing::run_command("printf '/load " + file + "\\nAnd the king?\\n/exit\\n' | " + chat, false);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  auto after = [](const std::string& out, const std::string& marker) {
+    const size_t at = out.find(marker);
+    if (at == std::string::npos) return std::string("<no '" + marker + "'>");
+    return out.substr(out.find('\n', at) + 1);
+  };
+  EXPECT_NE(one.output.find("(saved to " + file + ": "), std::string::npos) << one.output;
+  EXPECT_NE(two.output.find("(loaded from " + file + ": "), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find(" 2 messages)"), std::string::npos) << two.output;  // the user's and the answer
+  EXPECT_EQ(after(one.output, "(saved to"), after(two.output, "(loaded from"));  // the same second answer
+  // The loaded cache is reused: the second turn processes only its new tokens.
+  auto stats = testing::run_command("printf '/load " + file + "\\nAnd the king?\\n/exit\\n' | " + chat);
+  ASSERT_EQ(stats.exit_code, 0) << stats.output;
+  EXPECT_NE(stats.output.find(" reused"), std::string::npos) << stats.output;
+  EXPECT_EQ(stats.output.find(", 0 reused"), std::string::npos) << stats.output;
+
+  // Bad input is named and changes nothing: the chat goes on.
+  std::ofstream(dir / "bad.kv.json") << "{\"format\": \"petrel-chat\", \"messages\": [{\"role\": 1}]}";
+  std::ofstream(dir / "junk.kv.json") << "not json";
+  auto bad = testing::run_command("printf '/load " + (dir / "missing.kv").string() + "\\n/load " + (dir / "bad.kv").string() +
+                                  "\\n/load " + (dir / "junk.kv").string() + "\\n/save\\nHello\\n/exit\\n' | " + chat);
+  ASSERT_EQ(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("missing.kv.json"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("messages[0] needs a string \"role\""), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("not a petrel chat file"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("/save needs a file name"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find(", 0 reused"), std::string::npos) << bad.output;  // "Hello" still answered, from scratch
 }
 
 TEST(Cli, DoctorReportsCpuAndKernels) {

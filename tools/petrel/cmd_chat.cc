@@ -1,6 +1,10 @@
 // petrel chat: interactive multi-turn chat in the terminal with the model's chat template, the reasoning
 // switch, and the KV cache reused across turns (only the new part of the conversation is processed).
-// Lines starting with '/' are commands: /reset, /think on|off|default, /exit. End of input ends the chat.
+// Lines starting with '/' are commands: /reset, /think on|off|default, /save FILE, /load FILE, /exit. End of input
+// ends the chat. /save writes the KV cache (Session::save: FILE, either backend's) and the conversation (FILE.json);
+// /load reads both back, so a chat resumes in another process without processing its history again. The pair need
+// not match for the answers to be right: each turn renders the whole conversation and reuses only the cached
+// tokens that agree with it.
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +16,7 @@
 #include "commands.h"
 #include "petrel/runtime/session.h"
 #include "petrel/text/reasoning.h"
+#include "petrel/util/file.h"
 
 namespace petrel::cli {
 
@@ -29,6 +34,34 @@ struct ChatFlags {
   int64_t seed = -1;
   int threads = 0;
 };
+
+// /save FILE: the KV cache to FILE, then the conversation to FILE.json (each written under a temporary name).
+Status save_chat(const Session& session, const nlohmann::ordered_json& messages, const std::string& file) {
+  PETREL_RETURN_IF_ERROR(session.save(file));
+  nlohmann::ordered_json saved = {{"format", "petrel-chat"}, {"version", 1}, {"messages", messages}};
+  return write_file_atomic(file + ".json", saved.dump(2) + "\n");
+}
+
+// /load FILE: the conversation from FILE.json (checked first), then the KV cache from FILE; nothing changes unless
+// both are read.
+Status load_chat(Session& session, nlohmann::ordered_json& messages, const std::string& file) {
+  const std::string json_path = file + ".json";
+  PETREL_ASSIGN_OR_RETURN(std::string text, read_text_file(json_path));
+  nlohmann::ordered_json saved = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (saved.is_discarded() || !saved.is_object() || saved.value("format", "") != "petrel-chat" ||
+      !saved.contains("messages") || !saved["messages"].is_array()) {
+    return invalid_data(json_path + ": not a petrel chat file (an object with \"format\": \"petrel-chat\" and \"messages\")");
+  }
+  for (size_t i = 0; i < saved["messages"].size(); ++i) {
+    const auto& m = saved["messages"][i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
+      return invalid_data(json_path + ": messages[" + std::to_string(i) + "] needs a string \"role\" and \"content\"");
+    }
+  }
+  PETREL_RETURN_IF_ERROR(session.restore(file));
+  messages = std::move(saved["messages"]);
+  return ok_status();
+}
 
 int run_chat(const ChatFlags& f) {
   const char* cmd = "chat";
@@ -53,7 +86,7 @@ int run_chat(const ChatFlags& f) {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
   const bool tty = ::isatty(0) && ::isatty(1);
-  if (tty) std::printf("petrel chat: /reset, /think on|off|default, /exit\n");
+  if (tty) std::printf("petrel chat: /reset, /think on|off|default, /save FILE, /load FILE, /exit\n");
   std::string line;
   while (true) {
     if (tty) std::printf("> ");
@@ -66,6 +99,23 @@ int run_chat(const ChatFlags& f) {
       messages = nlohmann::ordered_json::array();
       if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
       std::printf("(conversation cleared)\n");
+      continue;
+    }
+    if (line == "/save" || line == "/load" || line.rfind("/save ", 0) == 0 || line.rfind("/load ", 0) == 0) {
+      const bool save = line[1] == 's';
+      const size_t first = line.find_first_not_of(' ', 5), last = line.find_last_not_of(' ');
+      if (first == std::string::npos) {
+        std::fprintf(stderr, "petrel chat: %s needs a file name, e.g. %s chat.kv\n", line.substr(0, 5).c_str(), line.substr(0, 5).c_str());
+        continue;
+      }
+      const std::string file = line.substr(first, last + 1 - first);
+      Status done = save ? save_chat(session, messages, file) : load_chat(session, messages, file);
+      if (!done.ok()) {
+        std::fprintf(stderr, "petrel chat: %s\n", done.to_string().c_str());
+      } else {
+        std::printf("(%s %s: %lld cached tokens, %zu messages)\n", save ? "saved to" : "loaded from", file.c_str(),
+                    static_cast<long long>(session.position()), messages.size());
+      }
       continue;
     }
     if (line.rfind("/think", 0) == 0) {
@@ -105,7 +155,8 @@ int run_chat(const ChatFlags& f) {
 
 void add_chat_command(CLI::App& app, CliContext& ctx) {
   auto f = std::make_shared<ChatFlags>();
-  CLI::App* cmd = app.add_subcommand("chat", "Interactive multi-turn chat (the KV cache is reused across turns)");
+  CLI::App* cmd = app.add_subcommand("chat", "Interactive multi-turn chat (the KV cache is reused across turns; /save FILE and /load FILE "
+                                                   "keep a chat and resume it in another process)");
   cmd->add_option("model", f->model, "Bundle, BUNDLE/config.json, or checkpoint directory")->required();
   cmd->add_option("--system", f->system, "System message");
   add_kv_type_option(cmd, f->kv_type);
