@@ -58,6 +58,13 @@ class Backend : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
   static fs::path path(const std::string& name) { return *dir_ / name; }
+  // The cpu bundle on `backend` (the GPU's cache 512 positions).
+  static Result<std::shared_ptr<Engine>> load_engine(petrel::Backend backend) {
+    EngineOptions options;
+    options.backend = backend;
+    if (backend == petrel::Backend::kCuda) options.context_length = 512;
+    return Engine::load(path("cpu_bundle"), options);
+  }
   static std::string run_tokens(const std::string& bundle, const std::string& extra) {
     return cli() + " run -c " + path(bundle).string() + " --tokens_file " + path("prompt_tokens.txt").string() + " -n 24 " + extra;
   }
@@ -274,12 +281,8 @@ TEST_F(Backend, GpuProfileJsonIsComplete) {
 
 TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  EngineOptions cpu_options, gpu_options;
-  cpu_options.backend = petrel::Backend::kCpu;
-  gpu_options.backend = petrel::Backend::kCuda;
-  gpu_options.context_length = 512;
-  auto cpu_engine = Engine::load(path("cpu_bundle"), cpu_options);
-  auto gpu_engine = Engine::load(path("cpu_bundle"), gpu_options);
+  auto cpu_engine = load_engine(petrel::Backend::kCpu);
+  auto gpu_engine = load_engine(petrel::Backend::kCuda);
   ASSERT_TRUE(cpu_engine.ok()) << cpu_engine.status().to_string();
   ASSERT_TRUE(gpu_engine.ok()) << gpu_engine.status().to_string();
   ASSERT_EQ((*gpu_engine)->backend(), petrel::Backend::kCuda);
@@ -344,12 +347,8 @@ std::vector<float> state_rows(const std::string& bytes, int64_t n_tokens) {
 
 TEST_F(Backend, GpuSessionSavesAndRestoresItsKvCacheInTheCpusFormat) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  EngineOptions cpu_options, gpu_options;
-  cpu_options.backend = petrel::Backend::kCpu;
-  gpu_options.backend = petrel::Backend::kCuda;
-  gpu_options.context_length = 512;
-  auto cpu_engine = Engine::load(path("cpu_bundle"), cpu_options);
-  auto gpu_engine = Engine::load(path("cpu_bundle"), gpu_options);
+  auto cpu_engine = load_engine(petrel::Backend::kCpu);
+  auto gpu_engine = load_engine(petrel::Backend::kCuda);
   ASSERT_TRUE(cpu_engine.ok() && gpu_engine.ok());
   auto gpu = Session::create(*gpu_engine, 512);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
