@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -1013,6 +1014,75 @@ TEST(Server, BusyAnswers503AndAnApiKeyIsChecked) {
   auto health = running.client().Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+// llama.cpp's slot persistence: off without a directory; save, erase and restore the one slot's KV cache; the
+// restored cache serves a repeated request (usage.prompt_tokens_details.cached_tokens) with the same answer; bad
+// names, slots, actions and files are refused without touching the cache or naming the server's directory.
+TEST(Server, SlotSaveEraseAndRestoreServeTheCachedPrefix) {
+  auto engine = tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  {
+    auto off = tiny_server(engine);
+    ASSERT_NE(off, nullptr);
+    auto client = off->client();
+    const auto [status, body] = post_json(client, "/slots/0?action=save", {{"filename", "a.bin"}});
+    EXPECT_EQ(status, 501) << body.dump();
+    EXPECT_NE(body.dump().find("--slot-save-path"), std::string::npos) << body.dump();
+  }
+  testing::TempDir dir("slots");
+  auto generator = EngineGenerator::create(engine, 512);
+  ASSERT_TRUE(generator.ok());
+  ServerOptions options;
+  options.slot_save_path = dir.path().string();
+  RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), options);
+  auto client = running.client();
+  const ojson request = {{"messages", {{{"role", "user"}, {"content", "Tell me about the city."}}}}, {"max_tokens", 8}, {"temperature", 0}};
+  auto chat = [&] {
+    const auto [status, body] = post_json(client, "/v1/chat/completions", request);
+    EXPECT_EQ(status, 200) << body.dump();
+    return body;
+  };
+  const ojson first = chat();
+  const int64_t prompt_tokens = first["usage"]["prompt_tokens"];
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  const auto [saved_status, saved] = post_json(client, "/slots/0?action=save", {{"filename", "a.bin"}});
+  ASSERT_EQ(saved_status, 200) << saved.dump();
+  const int64_t n = saved["n_saved"];
+  EXPECT_EQ(n, prompt_tokens + first["usage"]["completion_tokens"].get<int64_t>() - 1);  // the last token is not in it
+  EXPECT_GT(saved["n_written"].get<int64_t>(), 0);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "a.bin"));
+  const auto [erased_status, erased] = post_json(client, "/slots/0?action=erase", ojson::object());
+  ASSERT_EQ(erased_status, 200) << erased.dump();
+  EXPECT_EQ(erased["n_erased"], n);
+  const auto [restored_status, restored] = post_json(client, "/slots/0?action=restore", {{"filename", "a.bin"}});
+  ASSERT_EQ(restored_status, 200) << restored.dump();
+  EXPECT_EQ(restored["n_restored"], n);
+  EXPECT_EQ(restored["n_read"], saved["n_written"]);
+  const ojson again = chat();  // all of the prompt but its last token comes from the restored cache
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);
+  EXPECT_EQ(again["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
+
+  // Refused, the cache untouched: bad names, another slot, an unknown action, a missing or truncated file.
+  for (const ojson& name : {ojson("../a.bin"), ojson(".hidden"), ojson("a/b"), ojson(""), ojson(std::string(201, 'a')), ojson(3)}) {
+    const auto [status, body] = post_json(client, "/slots/0?action=restore", {{"filename", name}});
+    EXPECT_EQ(status, 400) << name.dump();
+    EXPECT_EQ(body["error"]["param"], "filename") << body.dump();
+  }
+  EXPECT_EQ(post_json(client, "/slots/1?action=save", {{"filename", "b.bin"}}).first, 400);
+  EXPECT_EQ(post_json(client, "/slots/0?action=load", {{"filename", "b.bin"}}).first, 400);
+  const auto [missing_status, missing] = post_json(client, "/slots/0?action=restore", {{"filename", "missing.bin"}});
+  EXPECT_EQ(missing_status, 404) << missing.dump();
+  EXPECT_NE(missing["error"]["message"].get<std::string>().find("missing.bin"), std::string::npos) << missing.dump();
+  EXPECT_EQ(missing.dump().find(dir.path().string()), std::string::npos) << missing.dump();
+  auto bytes = read_text_file(dir.path() / "a.bin");
+  ASSERT_TRUE(bytes.ok());
+  std::ofstream(dir.path() / "cut.bin", std::ios::binary) << bytes->substr(0, bytes->size() / 2);
+  const auto [cut_status, cut] = post_json(client, "/slots/0?action=restore", {{"filename", "cut.bin"}});
+  EXPECT_EQ(cut_status, 400) << cut.dump();
+  EXPECT_NE(cut["error"]["message"].get<std::string>().find("truncated"), std::string::npos) << cut.dump();
+  EXPECT_EQ(chat()["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);  // the cache as it was
 }
 
 TEST(Server, ASecondServerOnAServedPortFailsToBind) {

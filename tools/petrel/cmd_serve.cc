@@ -24,7 +24,7 @@ extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
 
 struct ServeFlags {
   std::string model, host = "127.0.0.1", backend = "auto", kv_type = "f16", model_name;
-  std::string tool_format = "auto", reasoning_style = "auto", api_key;
+  std::string tool_format = "auto", reasoning_style = "auto", api_key, slot_save_path;
   int port = 8080;
   int http_threads = 8, max_waiting = 8, threads = 0;
   int64_t context_length = 4096, max_tokens = 0, default_max_tokens = 1024, max_choices = 16;
@@ -48,6 +48,15 @@ int run_serve(const ServeFlags& f) {
   options.http_threads = f.http_threads;
   options.max_waiting = f.max_waiting;
   options.api_key = f.api_key;
+  if (!f.slot_save_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(f.slot_save_path, ec);
+    if (ec || !std::filesystem::is_directory(f.slot_save_path)) {
+      return report_error(cmd, io_error("--slot-save-path " + f.slot_save_path + ": not a directory that can be made" +
+                                        (ec ? " (" + ec.message() + ")" : std::string())));
+    }
+    options.slot_save_path = f.slot_save_path;
+  }
   serve::CompletionOptions& c = options.completion;
   if (!f.model_name.empty()) {
     c.model_name = f.model_name;
@@ -102,6 +111,9 @@ void add_serve_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--port", f->port, "Port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
   cmd->add_option("--model-name", f->model_name, "The model's id in /v1/models and responses (default: the directory's name)");
   cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on every /v1 request");
+  cmd->add_option("--slot-save-path", f->slot_save_path,
+                  "Directory for llama.cpp's slot persistence: POST /slots/0?action=save|restore {\"filename\": NAME} writes "
+                  "or reads the KV cache and its tokens there, action=erase forgets them (off when not given)");
   add_backend_option(cmd, f->backend);
   add_kv_type_option(cmd, f->kv_type);
   add_deterministic_option(cmd, f->deterministic);

@@ -282,6 +282,15 @@ double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v
 
 // The chat API's logprobs.content entries: token text (malformed UTF-8 replaced), logprob, the token's bytes,
 // and the alternatives in the same form.
+// usage, with OpenAI's prompt_tokens_details.cached_tokens: the prompt's prefix found in the KV cache (a resent
+// conversation's earlier turns, or a state restored through /slots/0?action=restore), not processed again.
+ojson usage_json(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
 ojson chat_logprobs(const std::vector<LogprobEntry>& entries) {
   auto bytes_of = [](const std::string& token) {
     ojson b = ojson::array();
@@ -488,7 +497,7 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
     if (!emit(event)) client_gone = true;
   };
   ojson choices = ojson::array();
-  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   std::string tool_call_error;
 
   for (int64_t index = 0; index < request.n && !client_gone; ++index) {
@@ -570,6 +579,7 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
     }
     if (tool_call_error.empty()) tool_call_error = parsed.error;
     prompt_tokens = output->prompt_tokens;  // the same prompt for every choice
+    if (index == 0) cached_tokens = output->cached_tokens;  // the later choices find all of it cached
     completion_tokens += output->completion_tokens;
     const std::string finish = finish_reason_name(output->reason, !tool_calls.empty(), timed_out);
     if (request.stream) {
@@ -593,9 +603,7 @@ std::variant<ojson, ApiError> run_chat_completion(ChatGenerator& generator, cons
                        {"finish_reason", finish}});
   }
 
-  const ojson usage = {{"prompt_tokens", prompt_tokens},
-                       {"completion_tokens", completion_tokens},
-                       {"total_tokens", prompt_tokens + completion_tokens}};
+  const ojson usage = usage_json(prompt_tokens, cached_tokens, completion_tokens);
   if (request.stream) {
     if (request.include_usage) {
       ojson u = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options.model_name},
@@ -683,6 +691,22 @@ std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_v
   return r;
 }
 
+std::variant<SlotFileRequest, ApiError> parse_slot_file_request(std::string_view body, const ServeLimits& limits) {
+  auto body_json = parse_body(body, limits);
+  if (auto* e = std::get_if<ApiError>(&body_json)) return *e;
+  const ojson& j = std::get<ojson>(body_json);
+  if (!j.contains("filename") || !j["filename"].is_string()) return bad("filename", "expected a file name (a string)");
+  SlotFileRequest r{j["filename"].get<std::string>()};
+  const bool plain = std::all_of(r.filename.begin(), r.filename.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  });
+  if (r.filename.empty() || r.filename.size() > 200 || r.filename[0] == '.' || !plain) {
+    return bad("filename", "a plain file name inside the server's --slot-save-path: 1 to 200 of letters, digits, '.', "
+                           "'_', '-', not starting with '.'");
+  }
+  return r;
+}
+
 std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, const TextCompletionRequest& request,
                                                   const CompletionOptions& options,
                                                   const std::function<bool(const std::string&)>& emit) {
@@ -704,7 +728,7 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
     if (!emit(event)) client_gone = true;
   };
   ojson choices = ojson::array();
-  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   std::vector<LogprobEntry> prompt_logprobs;  // echo with logprobs: the prompt's, from the first choice
 
   for (int64_t index = 0; index < request.n && !client_gone; ++index) {
@@ -753,6 +777,7 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
       return ojson();
     }
     prompt_tokens = output->prompt_tokens;  // the same prompt for every choice
+    if (index == 0) cached_tokens = output->cached_tokens;  // the later choices find all of it cached
     completion_tokens += output->completion_tokens;
     if (index == 0) {
       prompt_logprobs = std::move(output->prompt_logprobs);
@@ -772,9 +797,7 @@ std::variant<ojson, ApiError> run_text_completion(ChatGenerator& generator, cons
     choices.push_back({{"text", text}, {"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}});
   }
 
-  const ojson usage = {{"prompt_tokens", prompt_tokens},
-                       {"completion_tokens", completion_tokens},
-                       {"total_tokens", prompt_tokens + completion_tokens}};
+  const ojson usage = usage_json(prompt_tokens, cached_tokens, completion_tokens);
   if (request.stream) {
     if (request.include_usage) {
       send("data: " + ojson({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -116,6 +117,12 @@ struct DetokenizeRequest {
   std::vector<int32_t> tokens;
 };
 
+// POST /slots/0?action=save|restore (llama.cpp's slot persistence): {"filename": NAME}, a plain file name inside
+// the server's --slot-save-path (letters, digits, '.', '_', '-'; not starting with '.'; at most 200 bytes).
+struct SlotFileRequest {
+  std::string filename;
+};
+
 // An error for the client: HTTP status, OpenAI error type and the parameter at fault.
 struct ApiError {
   int http_status = 400;
@@ -132,6 +139,7 @@ std::variant<TextCompletionRequest, ApiError> parse_text_completion_request(std:
 
 std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body, const ServeLimits& limits);
 std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view body, const ServeLimits& limits);
+std::variant<SlotFileRequest, ApiError> parse_slot_file_request(std::string_view body, const ServeLimits& limits);
 
 // What a generator is asked to do: the prepared conversation (tool_calls.h) and how to sample.
 struct ChatTurn {
@@ -161,6 +169,7 @@ struct ChatOutput {
   std::string text;  // decoded, stop strings removed
   StopReason reason = StopReason::kMaxTokens;
   int64_t prompt_tokens = 0;      // the whole prompt
+  int64_t cached_tokens = 0;      // of those, the prefix whose keys and values were already in the KV cache
   int64_t completion_tokens = 0;  // generated, stop token included
   std::vector<int32_t> tokens;    // the generated ids (generators that have them)
   std::vector<LogprobEntry> logprobs;         // each generated token's (generation.logprobs >= 0)
@@ -198,6 +207,11 @@ class ChatGenerator {
   // context length; null and 0 for generators without one.
   virtual const Tokenizer* tokenizer() const { return nullptr; }
   virtual int64_t context_length() const { return 0; }
+  // The KV cache and its tokens to or from a file (Session::save / restore), or forgotten: the positions saved,
+  // restored or erased. Generators without a cache say kUnsupported.
+  virtual Result<int64_t> save_state(const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
+  virtual Result<int64_t> restore_state(const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
+  virtual Result<int64_t> erase_state() { return unsupported("this generator keeps no KV cache"); }
 };
 
 struct CompletionOptions {

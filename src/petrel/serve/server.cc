@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ctime>
 #include <exception>
+#include <filesystem>
 #include <type_traits>
 
 #include "petrel/text/utf8.h"
@@ -104,6 +105,7 @@ Result<ChatOutput> EngineGenerator::generate(const ChatTurn& turn, const Generat
 Result<ChatOutput> EngineGenerator::run_forced(const ChatPrompt& prompt, const ChatTurn& turn, const GenerationEvents& events) {
   if (events.started) events.started(prompt.starts_in_reasoning);
   ChatOutput thought;  // the reasoning, when kept
+  int64_t cached = -1;  // the prompt's cached prefix, as the first of two runs found it
   if (prompt.starts_in_reasoning || turn.prompt.reasoning == text::ReasoningMode::kOn) {
     bool decided = prompt.starts_in_reasoning, thinking = prompt.starts_in_reasoning, closed = false, client_gone = false;
     std::string seen, held_text;
@@ -136,6 +138,7 @@ Result<ChatOutput> EngineGenerator::run_forced(const ChatPrompt& prompt, const C
       return !closed;
     };
     PETREL_ASSIGN_OR_RETURN(thought, run_prompt(prompt, turn.generation, phase, /*report_start=*/false));
+    cached = thought.cached_tokens;
     if (client_gone || (thinking && !closed)) return thought;  // gone, or the reasoning did not end: as it came
     if (!thinking) thought = ChatOutput{};                    // no <think> block: dropped unseen
   }
@@ -148,6 +151,7 @@ Result<ChatOutput> EngineGenerator::run_forced(const ChatPrompt& prompt, const C
   const int64_t used = thought.completion_tokens + static_cast<int64_t>(prefix_tokens.size());
   if (events.text && !events.text(prefix)) return thought;
   if (used >= turn.generation.max_new_tokens) {
+    out.cached_tokens = std::max<int64_t>(cached, 0);
     out.text = thought.text + prefix;
     out.completion_tokens = used;
     out.tokens = thought.tokens;
@@ -169,6 +173,7 @@ Result<ChatOutput> EngineGenerator::run_forced(const ChatPrompt& prompt, const C
   PETREL_ASSIGN_OR_RETURN(out, run_prompt(forced, rest, events, /*report_start=*/false));
   out.text = thought.text + prefix + out.text;
   out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
+  out.cached_tokens = cached >= 0 ? cached : std::min(out.cached_tokens, out.prompt_tokens);
   out.completion_tokens += used;
   out.tokens.insert(out.tokens.begin(), prefix_tokens.begin(), prefix_tokens.end());
   out.tokens.insert(out.tokens.begin(), thought.tokens.begin(), thought.tokens.end());
@@ -202,12 +207,29 @@ Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const G
   out.tokens = std::move(result.tokens);
   out.reason = result.reason;
   out.prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
+  out.cached_tokens = std::min(result.stats.reused_tokens, out.prompt_tokens);
   out.completion_tokens = result.stats.generated_tokens;
   if (config.prompt_logprobs >= 0) {  // the whole prompt ran again: its first token, then one entry a later token
     out.prompt_logprobs.push_back(LogprobEntry{tokenizer.token_bytes(prompt.tokens.front()).value_or(""), std::nullopt, {}});
     for (const TokenLogprobs& lp : result.prompt_logprobs) out.prompt_logprobs.push_back(entry(lp));
   }
   return out;
+}
+
+Result<int64_t> EngineGenerator::save_state(const std::filesystem::path& path) {
+  PETREL_RETURN_IF_ERROR(session_->save(path));
+  return session_->position();
+}
+
+Result<int64_t> EngineGenerator::restore_state(const std::filesystem::path& path) {
+  PETREL_RETURN_IF_ERROR(session_->restore(path));
+  return session_->position();
+}
+
+Result<int64_t> EngineGenerator::erase_state() {
+  const int64_t n = session_->position();
+  session_->reset();
+  return n;
 }
 
 Result<ChatOutput> EngineGenerator::generate_text(const TextTurn& turn, const GenerationEvents& events) {
@@ -266,6 +288,10 @@ void Server::install_routes() {
     std::string message = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
                           : res.status == 413 ? "the request body is larger than the server accepts"
                                               : "HTTP " + std::to_string(res.status);
+    if (res.status == 400 && req.method == "POST" && !req.has_header("Content-Length") &&
+        !req.has_header("Transfer-Encoding")) {
+      message += ": a POST needs a body with its Content-Length (send {} where nothing else is needed)";
+    }
     send_error(res, simple_error(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", message));
   });
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
@@ -371,6 +397,61 @@ void Server::install_routes() {
     const std::string content = utf8::sanitize(*text);
     send_json(res, 200, {{"content", content}, {"prompt", content}});
   };
+  // llama.cpp's slot persistence, for the one slot (the generator's session): off unless a directory is given,
+  // names checked (parse_slot_file_request), run under the model's lock, the file written under a temporary name.
+  http.Post(R"(/slots/(\d+))", [this, authorized](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    if (options_.slot_save_path.empty()) {
+      return send_error(res, simple_error(501, "not_supported_error",
+                                          "slot save/restore is off: start the server with --slot-save-path DIR"));
+    }
+    if (req.matches[1] != "0") {
+      return send_error(res, simple_error(400, "invalid_request_error",
+                                          "slot " + std::string(req.matches[1]) + ": this server has one slot, 0"));
+    }
+    const std::string action = req.get_param_value("action");
+    if (action != "save" && action != "restore" && action != "erase") {
+      return send_error(res, simple_error(400, "invalid_request_error", "action must be save, restore or erase, got '" +
+                                                                            action.substr(0, 64) + "'"));
+    }
+    std::string filename;
+    if (action != "erase") {
+      auto parsed = parse_slot_file_request(req.body, options_.completion.limits);
+      if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+      filename = std::get<SlotFileRequest>(parsed).filename;
+    }
+    if (waiting_.load() > options_.max_waiting) {
+      res.set_header("Retry-After", "1");
+      return send_error(res, simple_error(503, "server_error", "the server is busy; retry later"));
+    }
+    WaitingSlot slot(waiting_);
+    std::lock_guard<std::mutex> lock(model_mutex_);
+    const auto start = std::chrono::steady_clock::now();
+    const std::filesystem::path file = std::filesystem::path(options_.slot_save_path) / filename;
+    Result<int64_t> n = action == "save"      ? generator_->save_state(file)
+                        : action == "restore" ? generator_->restore_state(file)
+                                              : generator_->erase_state();
+    if (!n.ok()) {
+      ApiError e = api_error_from_status(n.status());
+      if (n.status().code() == ErrorCode::kNotFound) e.http_status = 404;
+      // The client named the file; the server's directory stays out of the answer.
+      for (size_t at; !filename.empty() && (at = e.message.find(file.string())) != std::string::npos;) {
+        e.message.replace(at, file.string().size(), filename);
+      }
+      return send_error(res, e);
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (action == "erase") return send_json(res, 200, {{"id_slot", 0}, {"n_erased", *n}});
+    std::error_code size_error;
+    const auto bytes = std::filesystem::file_size(file, size_error);
+    const int64_t file_bytes = size_error ? 0 : static_cast<int64_t>(bytes);
+    if (action == "save") {
+      return send_json(res, 200, {{"id_slot", 0}, {"filename", filename}, {"n_saved", *n}, {"n_written", file_bytes},
+                                  {"timings", {{"save_ms", ms}}}});
+    }
+    send_json(res, 200, {{"id_slot", 0}, {"filename", filename}, {"n_restored", *n}, {"n_read", file_bytes},
+                         {"timings", {{"restore_ms", ms}}}});
+  });
   http.Post("/tokenize", tokenizer_route(parse_tokenize_request, tokenize));
   http.Post("/detokenize", tokenizer_route(parse_detokenize_request, detokenize));
   http.Post("/v1/chat/completions", completion_route(parse_chat_request, run_chat_completion));

@@ -5,6 +5,9 @@
 //   POST /v1/chat/completions  openai_api.h (streaming as server-sent events)
 //   POST /v1/completions       the legacy text API: a raw prompt, no chat template
 //   POST /tokenize, /detokenize  the model's tokenizer (llama.cpp's and vLLM's shapes; openai_api.h), no model run
+//   POST /slots/0?action=save|restore|erase  llama.cpp's slot persistence: the KV cache and its tokens to or from
+//        {"filename": NAME} inside ServerOptions::slot_save_path (off, 501, unless set), or forgotten; a restored
+//        cache serves the next request whose prompt begins with its tokens (usage.prompt_tokens_details.cached_tokens)
 //
 // One generation runs at a time (the model and its KV cache are one resource; requests that resend a growing
 // conversation reuse its cached prefix, as `petrel chat` does); up to max_waiting more requests wait for it,
@@ -42,6 +45,9 @@ class EngineGenerator : public ChatGenerator {
   Result<ChatOutput> generate_text(const TextTurn& turn, const GenerationEvents& events) override;
   const Tokenizer* tokenizer() const override { return engine_->tokenizer(); }
   int64_t context_length() const override { return context_length_; }
+  Result<int64_t> save_state(const std::filesystem::path& path) override;
+  Result<int64_t> restore_state(const std::filesystem::path& path) override;
+  Result<int64_t> erase_state() override;
   // The tool-call format the model's chat template implies, and whether it writes the tools (tool_calls.h).
   ToolCallFormat detected_tool_format() const;
   bool template_writes_tools() const;
@@ -72,6 +78,7 @@ struct ServerOptions {
   double read_timeout_s = 30;   // a client sending its request
   double write_timeout_s = 60;  // a client not reading the answer
   std::string api_key;          // when set, requests need "Authorization: Bearer <api_key>"
+  std::string slot_save_path;   // a directory: /slots/0?action=save|restore on (empty: off)
   std::function<void(const std::string&)> log;  // a line a request, when set
   CompletionOptions completion;
 };
