@@ -240,13 +240,16 @@ struct CudaModelOptions {
   // first launches (module loading, cuBLAS's kernel choice, the decode graph's capture) count in the init
   // time, not in the first query's time to first token.
   bool warm_up = true;
-  // Device-to-device copies of 64 MiB made at the end of create() (then freed; skipped unless 384 MiB are
+  // Device-to-device copies of 1 MiB made at the end of create() (then freed; skipped unless 258 MiB are
   // free). Why they help is not known, but a process that has made ~20 such copies runs the decode step faster
   // ever after: H100, 8B tg128, group 128 511.3 -> 519.7 and per channel 536.2 -> 544.8 tokens/s (+1.6%; the
   // same copies of 1 GiB after the model's creation; 64 MiB ones before it gave as much, one copy nothing,
   // memsets part of it; docs/PERFORMANCE.md, session 46), provided they run on another stream than the model's
   // (session 47, an H100: 507.3 none, 515.0 on their own stream, 507.0 on the model's); 5 copies give all of it,
-  // 2 a third (session 48). ~1 ms of the init time (2.8 GB of traffic; CudaInitTimes::warm_copies_ms). 0: none.
+  // 2 a third (session 48); the count matters, not the size or the operation: 21 copies or memsets of 1 MiB give
+  // as much as 21 copies of 64 MiB, one memset of 64 MiB nothing (session 49, H100: per channel 534.6 none, 542.7
+  // 21 x 1 MiB copies, 542.6 21 x 64 MiB), so they are 1 MiB now (was 64: 2.8 GB of traffic, ~1 ms of the init
+  // time; CudaInitTimes::warm_copies_ms). 0: none.
   int warm_copies = 21;
   // The stream the warm copies run on (any but the model's gives the gain, above): kWarmOwnStream a stream
   // created for them and destroyed after, kWarmKeptStream one created for them and kept as long as the model,
