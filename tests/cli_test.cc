@@ -207,12 +207,15 @@ TEST(Cli, ChatSavesAndResumesInAnotherProcess) {
   // Bad input is named and changes nothing: the chat goes on.
   std::ofstream(dir / "bad.kv.json") << "{\"format\": \"petrel-chat\", \"messages\": [{\"role\": 1}]}";
   std::ofstream(dir / "junk.kv.json") << "not json";
+  std::ofstream(dir / "typed.kv.json") << "{\"format\": 1, \"messages\": []}";
   auto bad = testing::run_command("printf '/load " + (dir / "missing.kv").string() + "\\n/load " + (dir / "bad.kv").string() +
-                                  "\\n/load " + (dir / "junk.kv").string() + "\\n/save\\nHello\\n/exit\\n' | " + chat);
+                                  "\\n/load " + (dir / "junk.kv").string() + "\\n/load " + (dir / "typed.kv").string() +
+                                  "\\n/save\\nHello\\n/exit\\n' | " + chat);
   ASSERT_EQ(bad.exit_code, 0) << bad.output;
   EXPECT_NE(bad.output.find("missing.kv.json"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("messages[0] needs a string \"role\""), std::string::npos) << bad.output;
-  EXPECT_NE(bad.output.find("not a petrel chat file"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("junk.kv.json: not a petrel chat file"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("typed.kv.json: not a petrel chat file"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("/save needs a file name"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find(", 0 reused"), std::string::npos) << bad.output;  // "Hello" still answered, from scratch
 }

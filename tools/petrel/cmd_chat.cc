@@ -48,8 +48,9 @@ Status load_chat(Session& session, nlohmann::ordered_json& messages, const std::
   const std::string json_path = file + ".json";
   PETREL_ASSIGN_OR_RETURN(std::string text, read_text_file(json_path));
   nlohmann::ordered_json saved = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (saved.is_discarded() || !saved.is_object() || saved.value("format", "") != "petrel-chat" ||
-      !saved.contains("messages") || !saved["messages"].is_array()) {
+  const bool chat_file = !saved.is_discarded() && saved.is_object() && saved.contains("format") &&
+                         saved["format"].is_string() && saved["format"] == "petrel-chat";
+  if (!chat_file || !saved.contains("messages") || !saved["messages"].is_array()) {
     return invalid_data(json_path + ": not a petrel chat file (an object with \"format\": \"petrel-chat\" and \"messages\")");
   }
   for (size_t i = 0; i < saved["messages"].size(); ++i) {
