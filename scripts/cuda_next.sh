@@ -4,8 +4,8 @@
 #      suite (the warm copies are 1 MiB since 3bad4f8) and the GPU sessions (~1 min);
 #   2. on an H200, the unmet criterion's figures (scripts/cuda_h200_cli.sh: the decode step as fresh processes per
 #      channel and at group 128, then the 8B pipeline through the CLI, ~6 min); on any other GPU, the product's 1 MiB
-#      warm copies against none as fresh processes, per channel and at group 128 (session 49 measured the bench's
-#      equivalent, 21 copies of 1 MiB on another stream: +1.5%), then the whole GPU suite.
+#      warm copies against none as fresh processes, per channel and at group 128 (session 49, an H100: +1.3 to
+#      +2.3%), then the whole GPU suite (~3 min).
 # Run tool: command `bash scripts/cuda_next.sh`, carry [".gl/pkg.tar.xz"], after `ninja -C build &&
 # sh scripts/cuda_pack.sh build`.
 set -u
