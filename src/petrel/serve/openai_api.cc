@@ -280,8 +280,6 @@ GenerationConfig generation_config(const SamplingRequest& request, const Complet
 // A log-probability for JSON: finite (OpenAI writes -9999.0 for "never"; JSON has no -infinity).
 double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
 
-// The chat API's logprobs.content entries: token text (malformed UTF-8 replaced), logprob, the token's bytes,
-// and the alternatives in the same form.
 // usage, with OpenAI's prompt_tokens_details.cached_tokens: the prompt's prefix found in the KV cache (a resent
 // conversation's earlier turns, or a state restored through /slots/0?action=restore), not processed again.
 ojson usage_json(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens) {
@@ -291,6 +289,8 @@ ojson usage_json(int64_t prompt_tokens, int64_t cached_tokens, int64_t completio
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
+// The chat API's logprobs.content entries: token text (malformed UTF-8 replaced), logprob, the token's bytes,
+// and the alternatives in the same form.
 ojson chat_logprobs(const std::vector<LogprobEntry>& entries) {
   auto bytes_of = [](const std::string& token) {
     ojson b = ojson::array();
