@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -291,7 +292,6 @@ TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
   EXPECT_EQ(Session::create(*gpu_engine, 513, KvType::kF16).status().code(), ErrorCode::kInvalidArgument);
   auto gpu = Session::create(*gpu_engine, 512);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-  EXPECT_EQ(Session::create(*gpu_engine, 512).status().code(), ErrorCode::kUnsupported);  // one session holds the GPU cache
   Session cpu(*cpu_engine, 512);
 
   GenerationConfig config;
@@ -329,8 +329,84 @@ TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
   // The memory estimate covers what was allocated.
   const GpuMemoryNeed need = gpu_memory_need((*gpu_engine)->model(), 512);
   EXPECT_GE(need.total(), (*gpu_engine)->cuda_model()->device_bytes());
-  gpu->reset();  // the session gives the GPU cache back
-  EXPECT_TRUE(Session::create(*gpu_engine, 512).ok());
+}
+
+// Sessions of one cuda engine take turns on its GPU (Session::take_gpu): each continues its own dialog as a CPU
+// session of its own does, whatever ran in between, on one thread or on several.
+TEST_F(Backend, GpuSessionsShareTheEngineInTurns) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto cpu_engine = load_engine(petrel::Backend::kCpu);
+  auto gpu_engine = load_engine(petrel::Backend::kCuda);
+  ASSERT_TRUE(cpu_engine.ok() && gpu_engine.ok());
+  GenerationConfig config;
+  config.sampler.greedy = true;
+  config.max_new_tokens = 8;
+  config.stop_token_ids = std::vector<int32_t>{};
+  // Dialogs of different lengths, so that the set-aside rows grow past what they held.
+  const std::vector<std::vector<int32_t>> prompts = {
+      {4080, 424, 1413, 276, 289, 311, 3585, 303}, {311, 3585}, {289, 311, 3585, 303, 4080, 424, 1413, 276, 289, 311, 3585, 303, 424}};
+  constexpr int kSessions = 3;
+  std::vector<std::unique_ptr<Session>> gpu, cpu;
+  for (int i = 0; i < kSessions; ++i) {
+    auto g = Session::create(*gpu_engine, 512);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    gpu.push_back(std::move(g).value());
+    cpu.push_back(std::make_unique<Session>(*cpu_engine, 512));
+    EXPECT_EQ(gpu.back()->position(), 0);
+  }
+  // Interleaved turns, each session's prompts in order: 0, 1, 0, 2, 1, 0, 2, 2, 1.
+  const int order[] = {0, 1, 0, 2, 1, 0, 2, 2, 1};
+  int turn_of[kSessions] = {};
+  for (int s : order) {
+    const std::vector<int32_t>& prompt = prompts[(s + turn_of[s]++) % prompts.size()];
+    auto a = cpu[s]->query_tokens(prompt, config);
+    auto b = gpu[s]->query_tokens(prompt, config);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
+    EXPECT_EQ(a->tokens, b->tokens) << "session " << s << ", turn " << turn_of[s];
+    for (int i = 0; i < kSessions; ++i) {
+      EXPECT_EQ(gpu[i]->position(), cpu[i]->position()) << "session " << i;
+      EXPECT_EQ(gpu[i]->history(), cpu[i]->history()) << "session " << i;
+    }
+  }
+  // A session saved while another owns the GPU saves its own rows: its file restores into a CPU session that
+  // continues as the original does.
+  ASSERT_TRUE(gpu[0]->save(path("turns0.kv")).ok());
+  Session cpu_restored(*cpu_engine, 512);
+  ASSERT_TRUE(cpu_restored.restore(path("turns0.kv")).ok());
+  EXPECT_EQ(cpu_restored.history(), cpu[0]->history());
+  // Reset while set aside, and the owner destroyed: the others go on.
+  gpu[2]->reset();
+  cpu[2]->reset();
+  EXPECT_EQ(gpu[2]->position(), 0);
+  gpu[0].reset();
+  cpu[0].reset();
+  for (int s : {2, 1, 2}) {
+    auto a = cpu[s]->query_tokens(prompts[1], config);
+    auto b = gpu[s]->query_tokens(prompts[1], config);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
+    EXPECT_EQ(a->tokens, b->tokens) << "session " << s;
+  }
+  // Two threads, one session each, querying at once: the turns serialize them; the answers are the CPU's.
+  std::vector<std::vector<int32_t>> expected[2], got[2];
+  for (int t = 0; t < 2; ++t) {
+    for (int k = 0; k < 3; ++k) {
+      auto a = cpu[1 + t]->query_tokens(prompts[k], config);
+      ASSERT_TRUE(a.ok());
+      expected[t].push_back(a->tokens);
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 3; ++k) {
+        auto b = gpu[1 + t]->query_tokens(prompts[k], config);
+        got[t].push_back(b.ok() ? b->tokens : std::vector<int32_t>{-1});
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(got[0], expected[0]);
+  EXPECT_EQ(got[1], expected[1]);
 }
 
 // A state file's KV rows as floats (the f16 elements after the header and the tokens).

@@ -1022,6 +1022,69 @@ Status CudaModel::set_position(int64_t n) {
   return ok_status();
 }
 
+struct CudaKvStash::Buffers {
+  cuda::DeviceBuffer keys, values;  // [layers, capacity, kv_dim] fp16 each
+};
+CudaKvStash::CudaKvStash() = default;
+CudaKvStash::~CudaKvStash() = default;
+CudaKvStash::CudaKvStash(CudaKvStash&&) noexcept = default;
+CudaKvStash& CudaKvStash::operator=(CudaKvStash&&) noexcept = default;
+int64_t CudaKvStash::device_bytes() const {
+  return buffers_ ? static_cast<int64_t>(buffers_->keys.size() + buffers_->values.size()) : 0;
+}
+
+Status CudaModel::stash_kv(CudaKvStash& stash) const {
+  const State& s = *state_;
+  const int64_t n = s.position, layers = s.config.num_hidden_layers;
+  const int64_t row_bytes = s.config.kv_dim() * static_cast<int64_t>(sizeof(uint16_t));
+  if (n > stash.capacity_) {
+    const int64_t capacity = std::min(s.options.context_length, std::max(n, 2 * stash.capacity_));
+    const size_t bytes = static_cast<size_t>(layers * capacity * row_bytes);
+    auto grown = std::make_unique<CudaKvStash::Buffers>();
+    auto keys = cuda::DeviceBuffer::allocate(bytes);
+    auto values = keys.ok() ? cuda::DeviceBuffer::allocate(bytes) : Result<cuda::DeviceBuffer>(keys.status());
+    if (!values.ok()) {
+      return Status(values.status().code(), "setting a session's KV cache aside on the GPU (2 x " + std::to_string(bytes) +
+                                                " bytes for " + std::to_string(capacity) + " positions): " +
+                                                values.status().message());
+    }
+    grown->keys = std::move(keys).value();
+    grown->values = std::move(values).value();
+    stash.buffers_ = std::move(grown);
+    stash.capacity_ = capacity;
+  }
+  for (int64_t l = 0; l < layers && n > 0; ++l) {
+    const size_t from = static_cast<size_t>(l * s.kv_layer_elements()), to = static_cast<size_t>(l * stash.capacity_ * s.config.kv_dim());
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(stash.buffers_->keys.as<uint16_t>() + to, s.keys.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(stash.buffers_->values.as<uint16_t>() + to, s.values.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+  }
+  PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "setting a session's KV cache aside on the GPU"));
+  stash.position_ = n;
+  return ok_status();
+}
+
+Status CudaModel::unstash_kv(const CudaKvStash& stash) {
+  State& s = *state_;
+  const int64_t n = stash.position_, layers = s.config.num_hidden_layers;
+  if (n > s.options.context_length || n > stash.capacity_) {
+    return invalid_argument("CudaModel::unstash_kv: " + std::to_string(n) + " positions, the cache holds " +
+                            std::to_string(s.options.context_length));
+  }
+  const int64_t row_bytes = s.config.kv_dim() * static_cast<int64_t>(sizeof(uint16_t));
+  for (int64_t l = 0; l < layers && n > 0; ++l) {
+    const size_t to = static_cast<size_t>(l * s.kv_layer_elements()), from = static_cast<size_t>(l * stash.capacity_ * s.config.kv_dim());
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(s.keys.as<uint16_t>() + to, stash.buffers_->keys.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(s.values.as<uint16_t>() + to, stash.buffers_->values.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+  }
+  PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "bringing a session's KV cache back from its stash"));
+  s.position = n;
+  return ok_status();
+}
+
 const CudaInitTimes& CudaModel::init_times() const { return state_->init_times; }
 
 bool CudaModel::resident_step() const { return state_->resident.size() > 0; }

@@ -301,6 +301,26 @@ int resolve_tma_stages(int requested, int64_t peak_memory_bandwidth, int compute
 // with tensor copies whose peak memory bandwidth is at least kTmaAutoMinBandwidth (the H200); else 0.
 int resolve_tma_down_stages(int requested, int64_t peak_memory_bandwidth, int compute_major, bool grouped_weights);
 
+// A sequence's KV cache set aside on the GPU: what a Session keeps while another Session of the same engine runs
+// on the one CudaModel (CudaModel::stash_kv / unstash_kv). Empty (position 0, no memory) until first stashed;
+// its memory grows with the positions it holds and is freed with it.
+class CudaKvStash {
+ public:
+  CudaKvStash();
+  ~CudaKvStash();
+  CudaKvStash(CudaKvStash&&) noexcept;
+  CudaKvStash& operator=(CudaKvStash&&) noexcept;
+  int64_t position() const { return position_; }  // the positions it holds
+  int64_t device_bytes() const;
+
+ private:
+  friend class CudaModel;
+  struct Buffers;
+  std::unique_ptr<Buffers> buffers_;
+  int64_t position_ = 0;
+  int64_t capacity_ = 0;  // positions a layer the buffers hold
+};
+
 class CudaModel {
  public:
   // Uploads `model`'s weights to options.device, after checking that they, the KV cache and the scratch
@@ -335,6 +355,13 @@ class CudaModel {
   // position() := n, 0 <= n <= context_length() (kInvalidArgument otherwise, changing nothing): after write_kv
   // filled positions [0, n) of every layer's keys and values.
   Status set_position(int64_t n);
+  // Copies positions [0, position()) of every layer's keys and values into `stash` on the GPU and records
+  // position(); the cache itself is unchanged. Grows the stash's memory as needed (to at least twice what it
+  // held, at most context_length() positions); when the GPU has no room the error names the bytes and the stash
+  // keeps what it held. Returns when the copies are done.
+  Status stash_kv(CudaKvStash& stash) const;
+  // The reverse: the stash's positions into the cache, position() := stash.position().
+  Status unstash_kv(const CudaKvStash& stash);
 
   // Runs `token` at position(), appends it to the cache and, when `logits` is not null, returns its logits
   // [vocab] on the host. Fails with kOutOfRange, changing nothing, when the cache is full.

@@ -139,18 +139,39 @@ Session::Session(std::shared_ptr<const Engine> engine, int64_t context_length, K
     init_status_ = invalid_argument("a context of " + std::to_string(context) + " positions is more than the " +
                                     std::to_string(gpu.context_length()) +
                                     " the engine allocated on the GPU (EngineOptions::context_length)");
-  } else if (engine_->cuda_in_use_.exchange(true)) {
-    init_status_ = unsupported("another Session holds the engine's GPU KV cache (the cuda backend has one per engine "
-                               "yet); destroy it first");
   } else {
-    holds_cuda_ = true;
-    gpu.reset();
+    on_cuda_ = true;
+    cuda_stash_ = std::make_unique<CudaKvStash>();  // empty: the session starts with no positions
     forward_ = std::make_unique<CudaForward>(gpu, context);
   }
 }
 
 Session::~Session() {
-  if (holds_cuda_) engine_->cuda_in_use_.store(false);
+  if (!on_cuda_) return;
+  std::lock_guard lock(engine_->cuda_mutex_);
+  if (engine_->cuda_owner_ == this) engine_->cuda_owner_ = nullptr;
+}
+
+Result<std::unique_lock<std::recursive_mutex>> Session::take_gpu() const {
+  if (!on_cuda_) return std::unique_lock<std::recursive_mutex>();
+  std::unique_lock lock(engine_->cuda_mutex_);
+  const Session* owner = engine_->cuda_owner_;
+  if (owner == this) return lock;
+  CudaModel& gpu = *engine_->cuda_model();
+  if (owner) {  // on failure the owner keeps the GPU and nothing has changed
+    PETREL_RETURN_IF_ERROR(gpu.stash_kv(*owner->cuda_stash_));
+    engine_->cuda_owner_ = nullptr;  // its sequence is in its stash now
+  }
+  PETREL_RETURN_IF_ERROR(gpu.unstash_kv(*cuda_stash_));
+  engine_->cuda_owner_ = this;
+  return lock;
+}
+
+int64_t Session::position() const {
+  if (!forward_) return 0;
+  if (!on_cuda_) return forward_->position();
+  std::lock_guard lock(engine_->cuda_mutex_);
+  return engine_->cuda_owner_ == this ? forward_->position() : cuda_stash_->position();
 }
 
 Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Engine> engine, int64_t context_length, KvType kv_type) {
@@ -160,7 +181,13 @@ Result<std::unique_ptr<Session>> Session::create(std::shared_ptr<const Engine> e
 }
 
 void Session::reset() {
-  if (forward_) forward_->reset();
+  if (on_cuda_) {
+    std::lock_guard lock(engine_->cuda_mutex_);
+    if (engine_->cuda_owner_ == this) forward_->reset();
+    *cuda_stash_ = CudaKvStash();  // empty, its memory freed
+  } else if (forward_) {
+    forward_->reset();
+  }
   history_.clear();
 }
 
@@ -168,6 +195,7 @@ Result<QueryResult> Session::query_tokens(std::span<const int32_t> tokens, const
                                           const StreamCallback& on_token) {
   abort_.store(false);
   PETREL_RETURN_IF_ERROR(init_status_);
+  PETREL_ASSIGN_OR_RETURN(const auto gpu_turn, take_gpu());
   if (static_cast<int64_t>(tokens.size()) > forward_->remaining()) {
     return out_of_range("Context Size was exceeded: " + std::to_string(forward_->position()) + " positions used + " +
                         std::to_string(tokens.size()) + " new > context length " + std::to_string(forward_->context_length()));
@@ -245,6 +273,7 @@ Result<QueryResult> Session::query_prompt(const ChatPrompt& prompt, const Genera
   while (common < history_.size() && common < prompt.tokens.size() && history_[common] == prompt.tokens[common]) ++common;
   if (common == prompt.tokens.size()) --common;
   if (config.prompt_logprobs >= 0) common = 0;  // every prompt position's logits are wanted
+  PETREL_ASSIGN_OR_RETURN(const auto gpu_turn, take_gpu());  // held through query_tokens (it takes it again)
   if (static_cast<int64_t>(prompt.tokens.size() - common) > forward_->context_length() - static_cast<int64_t>(common)) {
     return out_of_range("Context Size was exceeded: the conversation has " + std::to_string(prompt.tokens.size()) +
                         " tokens and the context holds " + std::to_string(forward_->context_length()));
@@ -294,7 +323,8 @@ LayerSpans layer_spans(KvCache& cache, int64_t l, bool values) {
 
 Status Session::save(const fs::path& path) const {
   PETREL_RETURN_IF_ERROR(init_status_);
-  CudaModel* gpu = holds_cuda_ ? engine_->cuda_model() : nullptr;
+  PETREL_ASSIGN_OR_RETURN(const auto gpu_turn, take_gpu());
+  CudaModel* gpu = on_cuda_ ? engine_->cuda_model() : nullptr;
   const KvShape shape = gpu ? gpu_shape(engine_->model().config(), forward_->context_length()) : cpu_shape(cache_);
   const int64_t n_past = gpu ? gpu->position() : cache_.n_past;
   if (static_cast<int64_t>(history_.size()) != n_past) {
@@ -327,7 +357,8 @@ Status Session::save(const fs::path& path) const {
 
 Status Session::restore(const fs::path& path) {
   PETREL_RETURN_IF_ERROR(init_status_);
-  CudaModel* gpu = holds_cuda_ ? engine_->cuda_model() : nullptr;
+  PETREL_ASSIGN_OR_RETURN(const auto gpu_turn, take_gpu());
+  CudaModel* gpu = on_cuda_ ? engine_->cuda_model() : nullptr;
   const KvShape shape = gpu ? gpu_shape(engine_->model().config(), forward_->context_length()) : cpu_shape(cache_);
   PETREL_ASSIGN_OR_RETURN(std::string bytes, read_text_file(path));
   const std::string where = path.string();

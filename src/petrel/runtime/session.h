@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -111,6 +112,8 @@ struct EngineLoadTimes {
   double total_ms = 0;
 };
 
+class Session;
+
 class Engine {
  public:
   static Result<std::shared_ptr<Engine>> load(const std::filesystem::path& model_path, const ModelLoadOptions& options = {});
@@ -129,15 +132,22 @@ class Engine {
   std::optional<text::ChatTemplateSet> templates_;
   Backend backend_ = Backend::kCpu;
   std::unique_ptr<CudaModel> cuda_;
-  mutable std::atomic<bool> cuda_in_use_{false};  // a Session holds the GPU KV cache
+  // The cuda backend's one CudaModel is shared by the engine's Sessions in turns: the owner's sequence is in
+  // the model's KV cache, every other Session's in its CudaKvStash (Session::take_gpu).
+  mutable std::recursive_mutex cuda_mutex_;
+  mutable const Session* cuda_owner_ = nullptr;  // guarded by cuda_mutex_
   friend class Session;
 };
 
 class Session {
  public:
   // kv_type: the KV cache's element type (f16 by default; q8 quarters float32's memory, f32 is the reference).
-  // On a cuda engine the session cannot always be made (another Session holds the GPU cache, a KV type other
-  // than f16, a context longer than the engine allocated): status() says why, and every query returns it.
+  // On a cuda engine the session cannot always be made (a KV type other than f16, a context longer than the
+  // engine allocated): status() says why, and every query returns it. A cuda engine's Sessions share its GPU in
+  // turns: a call that needs the GPU waits while another Session's runs, and when the last Session to run was
+  // another, first sets that one's KV rows aside on the GPU and brings this one's back (GPU-to-GPU copies of the
+  // positions in use; the set-aside memory grows with them and is freed with the Session or by reset()).
+  // Sessions may be used from different threads; one Session from one thread at a time (abort() excepted).
   Session(std::shared_ptr<const Engine> engine, int64_t context_length, KvType kv_type = KvType::kF16);
   ~Session();
   // The constructor, failing with status()'s error instead.
@@ -165,7 +175,7 @@ class Session {
   Status save(const std::filesystem::path& path) const;
   Status restore(const std::filesystem::path& path);
 
-  int64_t position() const { return forward_ ? forward_->position() : 0; }
+  int64_t position() const;
   int64_t context_length() const { return forward_ ? forward_->context_length() : 0; }
   const std::vector<int32_t>& history() const { return history_; }
 
@@ -173,8 +183,13 @@ class Session {
   std::shared_ptr<const Engine> engine_;
   KvCache cache_;  // the CPU backend's
   std::unique_ptr<ForwardPass> forward_;  // over cache_, or over the engine's CudaModel; null when !init_status_.ok()
+  // On a cuda engine: waits for the GPU and makes this Session its owner (the previous owner's KV rows into its
+  // stash, this one's out of its own); for the CPU backend an empty lock. Holds the GPU until the lock goes.
+  Result<std::unique_lock<std::recursive_mutex>> take_gpu() const;
+
   Status init_status_;
-  bool holds_cuda_ = false;
+  bool on_cuda_ = false;                     // forward_ runs the engine's CudaModel
+  std::unique_ptr<CudaKvStash> cuda_stash_;  // this Session's sequence while another owns the GPU
   std::vector<int32_t> history_;  // tokens whose keys/values are in the cache, in order
   std::atomic<bool> abort_{false};
 };
