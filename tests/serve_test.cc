@@ -1085,6 +1085,65 @@ TEST(Server, SlotSaveEraseAndRestoreServeTheCachedPrefix) {
   EXPECT_EQ(chat()["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);  // the cache as it was
 }
 
+// Several slots (EngineGenerator's `slots`): two conversations taking turns each keep their cache, where one slot
+// keeps only the last; the answers are the one-slot server's (the cache changes what is computed again, not what
+// comes out).
+TEST(Server, SlotsKeepTheCachesOfConversationsThatTakeTurns) {
+  auto engine = tiny_engine();
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(EngineGenerator::create(engine, 512, KvType::kF16, 0).status().code(), ErrorCode::kInvalidArgument);
+  testing::TempDir dir("slots2");
+  struct Turns {
+    std::vector<int64_t> cached, prompt;
+    std::vector<std::string> answers;
+  };
+  auto converse = [&](int slots) {
+    auto generator = EngineGenerator::create(engine, 512, KvType::kF16, slots);
+    EXPECT_TRUE(generator.ok()) << generator.status().to_string();
+    ServerOptions options;
+    options.slot_save_path = dir.path().string();
+    RunningServer running(std::shared_ptr<ChatGenerator>(std::move(*generator)), options);
+    auto client = running.client();
+    ojson a = {{{"role", "user"}, {"content", "Tell me about the city and its old harbour."}}};
+    ojson b = {{{"role", "user"}, {"content", "What is a river?"}}};
+    Turns turns;
+    auto ask = [&](ojson& messages, const std::string& next) {
+      const auto [status, body] = post_json(client, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+      EXPECT_EQ(status, 200) << body.dump();
+      turns.cached.push_back(body["usage"]["prompt_tokens_details"]["cached_tokens"]);
+      turns.prompt.push_back(body["usage"]["prompt_tokens"]);
+      const std::string answer = body["choices"][0]["message"]["content"];
+      turns.answers.push_back(answer);
+      messages.push_back({{"role", "assistant"}, {"content", answer}});
+      messages.push_back({{"role", "user"}, {"content", next}});
+    };
+    ask(a, "And its people?");
+    ask(b, "And a lake?");
+    ask(a, "And its food?");
+    ask(b, "And the sea?");
+    if (slots > 1) {  // each slot's own file; a slot past the last refused
+      const auto [saved_status, saved] = post_json(client, "/slots/1?action=save", {{"filename", "b.bin"}});
+      EXPECT_EQ(saved_status, 200) << saved.dump();
+      EXPECT_EQ(saved["id_slot"], 1);
+      EXPECT_GT(saved["n_saved"].get<int64_t>(), turns.cached.back());
+      const auto [refused_status, refused] = post_json(client, ("/slots/" + std::to_string(slots) + "?action=save").c_str(), {{"filename", "c.bin"}});
+      EXPECT_EQ(refused_status, 400) << refused.dump();
+      EXPECT_NE(refused.dump().find(std::to_string(slots) + " slots, 0 to " + std::to_string(slots - 1)), std::string::npos) << refused.dump();
+    }
+    return turns;
+  };
+  const Turns one = converse(1), two = converse(2);
+  EXPECT_EQ(two.answers, one.answers);
+  ASSERT_EQ(two.cached.size(), 4u);
+  EXPECT_EQ(two.cached[0], 0);
+  EXPECT_EQ(two.cached[1], 0);  // b went to the unused slot
+  for (int turn : {2, 3}) {     // each conversation's second turn found its first prompt in its slot; one slot
+                                // held the other conversation, which shares only the template's system prompt
+    EXPECT_GE(two.cached[turn], two.prompt[turn - 2]) << "turn " << turn;
+    EXPECT_LT(one.cached[turn], one.prompt[turn - 2]) << "turn " << turn;
+  }
+}
+
 TEST(Server, ASecondServerOnAServedPortFailsToBind) {
   RunningServer running(std::make_shared<GateGenerator>(), ServerOptions{});
   ServerOptions options;

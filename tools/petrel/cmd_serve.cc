@@ -26,7 +26,7 @@ struct ServeFlags {
   std::string model, host = "127.0.0.1", backend = "auto", kv_type = "f16", model_name;
   std::string tool_format = "auto", reasoning_style = "auto", api_key, slot_save_path;
   int port = 8080;
-  int http_threads = 8, max_waiting = 8, threads = 0;
+  int http_threads = 8, max_waiting = 8, threads = 0, slots = 1;
   int64_t context_length = 4096, max_tokens = 0, default_max_tokens = 1024, max_choices = 16;
   double timeout_s = 600;
   size_t max_body_bytes = 4u << 20;
@@ -39,7 +39,7 @@ int run_serve(const ServeFlags& f) {
   std::fprintf(stderr, "petrel serve: loading %s\n", f.model.c_str());
   auto engine = load_engine(f.model, f.backend, f.context_length, f.deterministic, f.threads, f.host_masks);
   if (!engine.ok()) return report_error(cmd, engine.status());
-  auto generator = serve::EngineGenerator::create(*engine, f.context_length, kv_type_of(f.kv_type));
+  auto generator = serve::EngineGenerator::create(*engine, f.context_length, kv_type_of(f.kv_type), f.slots);
   if (!generator.ok()) return report_error(cmd, generator.status());
 
   serve::ServerOptions options;
@@ -88,9 +88,9 @@ int run_serve(const ServeFlags& f) {
     while (!g_stop_requested.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     server.stop();
   });
-  std::fprintf(stderr, "petrel serve: listening on http://%s:%d/v1 (model \"%s\" on %s, tool calls: %s, context %lld)\n",
+  std::fprintf(stderr, "petrel serve: listening on http://%s:%d/v1 (model \"%s\" on %s, tool calls: %s, context %lld, slots %d)\n",
                f.host.c_str(), server.port(), c.model_name.c_str(), backend_name((*engine)->backend()),
-               serve::tool_call_format_name(c.tool_format), static_cast<long long>(f.context_length));
+               serve::tool_call_format_name(c.tool_format), static_cast<long long>(f.context_length), f.slots);
   std::fflush(stderr);
   Status status = server.run();
   g_stop_requested.store(true);
@@ -112,8 +112,14 @@ void add_serve_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--model-name", f->model_name, "The model's id in /v1/models and responses (default: the directory's name)");
   cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on every /v1 request");
   cmd->add_option("--slot-save-path", f->slot_save_path,
-                  "Directory for llama.cpp's slot persistence: POST /slots/0?action=save|restore {\"filename\": NAME} writes "
-                  "or reads the KV cache and its tokens there, action=erase forgets them (off when not given)");
+                  "Directory for llama.cpp's slot persistence: POST /slots/ID?action=save|restore {\"filename\": NAME} writes "
+                  "or reads slot ID's KV cache and its tokens there, action=erase forgets them (off when not given)");
+  cmd->add_option("--slots", f->slots,
+                  "Conversations whose KV caches are kept (requests still run one at a time): each request goes to the "
+                  "slot holding the longest prefix of its prompt, else to the least recently used one. Each slot is a KV "
+                  "cache of its own (cpu: --context-length positions each; cuda: the positions in use, set aside on the GPU)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, serve::EngineGenerator::kMaxSlots));
   add_backend_option(cmd, f->backend);
   add_kv_type_option(cmd, f->kv_type);
   add_deterministic_option(cmd, f->deterministic);

@@ -207,11 +207,13 @@ class ChatGenerator {
   // context length; null and 0 for generators without one.
   virtual const Tokenizer* tokenizer() const { return nullptr; }
   virtual int64_t context_length() const { return 0; }
-  // The KV cache and its tokens to or from a file (Session::save / restore), or forgotten: the positions saved,
-  // restored or erased. Generators without a cache say kUnsupported.
-  virtual Result<int64_t> save_state(const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
-  virtual Result<int64_t> restore_state(const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
-  virtual Result<int64_t> erase_state() { return unsupported("this generator keeps no KV cache"); }
+  // The KV caches it keeps (slots, llama.cpp's word), numbered 0 to slots() - 1.
+  virtual int slots() const { return 1; }
+  // A slot's KV cache and its tokens to or from a file (Session::save / restore), or forgotten: the positions
+  // saved, restored or erased. Generators without a cache say kUnsupported.
+  virtual Result<int64_t> save_state(int slot, const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
+  virtual Result<int64_t> restore_state(int slot, const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
+  virtual Result<int64_t> erase_state(int slot) { return unsupported("this generator keeps no KV cache"); }
 };
 
 struct CompletionOptions {

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -48,12 +49,21 @@ class WaitingSlot {
 }  // namespace
 
 Result<std::unique_ptr<EngineGenerator>> EngineGenerator::create(std::shared_ptr<const Engine> engine, int64_t context_length,
-                                                                 KvType kv_type) {
+                                                                 KvType kv_type, int slots) {
   if (!engine->tokenizer() || !engine->templates()) {
     return invalid_argument("serve: the model needs tokenizer.json and a chat template (tokenizer_config.json)");
   }
+  if (slots < 1 || slots > kMaxSlots) {
+    return invalid_argument("serve: slots must be 1 to " + std::to_string(kMaxSlots) + ", got " + std::to_string(slots));
+  }
   auto generator = std::unique_ptr<EngineGenerator>(new EngineGenerator());
-  PETREL_ASSIGN_OR_RETURN(generator->session_, Session::create(engine, context_length, kv_type));
+  for (int i = 0; i < slots; ++i) {
+    auto session = Session::create(engine, context_length, kv_type);
+    if (!session.ok()) return session.status().with_context("serve: slot " + std::to_string(i));
+    generator->sessions_.push_back(std::move(session).value());
+  }
+  generator->last_used_.assign(slots, 0);
+  generator->anchor_.assign(slots, 0);
   generator->engine_ = std::move(engine);
   generator->context_length_ = context_length;
   return generator;
@@ -202,7 +212,10 @@ Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const G
       if (events.logprobs) events.logprobs(out.logprobs.back());
     };
   }
-  PETREL_ASSIGN_OR_RETURN(QueryResult result, session_->query_prompt(prompt, config, on_token));
+  const int slot = slot_for(prompt.tokens);
+  last_used_[slot] = ++requests_run_;
+  anchor_[slot] = prompt.tokens.size();
+  PETREL_ASSIGN_OR_RETURN(QueryResult result, sessions_[slot]->query_prompt(prompt, config, on_token));
   out.text = std::move(result.text);
   out.tokens = std::move(result.tokens);
   out.reason = result.reason;
@@ -216,19 +229,40 @@ Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const G
   return out;
 }
 
-Result<int64_t> EngineGenerator::save_state(const std::filesystem::path& path) {
-  PETREL_RETURN_IF_ERROR(session_->save(path));
-  return session_->position();
+int EngineGenerator::slot_for(std::span<const int32_t> prompt) const {
+  if (sessions_.size() == 1) return 0;
+  int best = -1;
+  size_t best_common = 0;
+  for (size_t i = 0; i < sessions_.size(); ++i) {
+    if (anchor_[i] == 0) continue;
+    const std::vector<int32_t>& cached = sessions_[i]->history();
+    size_t common = 0;
+    while (common < cached.size() && common < prompt.size() && cached[common] == prompt[common]) ++common;
+    if (common >= anchor_[i] && common > best_common) {
+      best = static_cast<int>(i);
+      best_common = common;
+    }
+  }
+  if (best >= 0) return best;
+  return static_cast<int>(std::min_element(last_used_.begin(), last_used_.end()) - last_used_.begin());
 }
 
-Result<int64_t> EngineGenerator::restore_state(const std::filesystem::path& path) {
-  PETREL_RETURN_IF_ERROR(session_->restore(path));
-  return session_->position();
+Result<int64_t> EngineGenerator::save_state(int slot, const std::filesystem::path& path) {
+  PETREL_RETURN_IF_ERROR(sessions_.at(slot)->save(path));
+  return sessions_[slot]->position();
 }
 
-Result<int64_t> EngineGenerator::erase_state() {
-  const int64_t n = session_->position();
-  session_->reset();
+Result<int64_t> EngineGenerator::restore_state(int slot, const std::filesystem::path& path) {
+  PETREL_RETURN_IF_ERROR(sessions_.at(slot)->restore(path));
+  last_used_[slot] = ++requests_run_;
+  anchor_[slot] = sessions_[slot]->history().size();
+  return sessions_[slot]->position();
+}
+
+Result<int64_t> EngineGenerator::erase_state(int slot) {
+  const int64_t n = sessions_.at(slot)->position();
+  sessions_[slot]->reset();
+  anchor_[slot] = 0;
   return n;
 }
 
@@ -397,17 +431,21 @@ void Server::install_routes() {
     const std::string content = utf8::sanitize(*text);
     send_json(res, 200, {{"content", content}, {"prompt", content}});
   };
-  // llama.cpp's slot persistence, for the one slot (the generator's session): off unless a directory is given,
-  // names checked (parse_slot_file_request), run under the model's lock, the file written under a temporary name.
+  // llama.cpp's slot persistence, for each of the generator's slots: off unless a directory is given, names
+  // checked (parse_slot_file_request), run under the model's lock, the file written under a temporary name.
   http.Post(R"(/slots/(\d+))", [this, authorized](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
     if (options_.slot_save_path.empty()) {
       return send_error(res, simple_error(501, "not_supported_error",
                                           "slot save/restore is off: start the server with --slot-save-path DIR"));
     }
-    if (req.matches[1] != "0") {
+    const std::string id_text = std::string(req.matches[1]).substr(0, 32);
+    const int slots = generator_->slots();
+    const int id = id_text.size() <= 3 ? std::stoi(id_text) : slots;  // the route's pattern: digits only
+    if (id >= slots) {
       return send_error(res, simple_error(400, "invalid_request_error",
-                                          "slot " + std::string(req.matches[1]) + ": this server has one slot, 0"));
+                                          "slot " + id_text + ": this server has " +
+                                              (slots == 1 ? std::string("one slot, 0") : std::to_string(slots) + " slots, 0 to " + std::to_string(slots - 1))));
     }
     const std::string action = req.get_param_value("action");
     if (action != "save" && action != "restore" && action != "erase") {
@@ -428,9 +466,9 @@ void Server::install_routes() {
     std::lock_guard<std::mutex> lock(model_mutex_);
     const auto start = std::chrono::steady_clock::now();
     const std::filesystem::path file = std::filesystem::path(options_.slot_save_path) / filename;
-    Result<int64_t> n = action == "save"      ? generator_->save_state(file)
-                        : action == "restore" ? generator_->restore_state(file)
-                                              : generator_->erase_state();
+    Result<int64_t> n = action == "save"      ? generator_->save_state(id, file)
+                        : action == "restore" ? generator_->restore_state(id, file)
+                                              : generator_->erase_state(id);
     if (!n.ok()) {
       ApiError e = api_error_from_status(n.status());
       if (n.status().code() == ErrorCode::kNotFound) e.http_status = 404;
@@ -441,15 +479,15 @@ void Server::install_routes() {
       return send_error(res, e);
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (action == "erase") return send_json(res, 200, {{"id_slot", 0}, {"n_erased", *n}});
+    if (action == "erase") return send_json(res, 200, {{"id_slot", id}, {"n_erased", *n}});
     std::error_code size_error;
     const auto bytes = std::filesystem::file_size(file, size_error);
     const int64_t file_bytes = size_error ? 0 : static_cast<int64_t>(bytes);
     if (action == "save") {
-      return send_json(res, 200, {{"id_slot", 0}, {"filename", filename}, {"n_saved", *n}, {"n_written", file_bytes},
+      return send_json(res, 200, {{"id_slot", id}, {"filename", filename}, {"n_saved", *n}, {"n_written", file_bytes},
                                   {"timings", {{"save_ms", ms}}}});
     }
-    send_json(res, 200, {{"id_slot", 0}, {"filename", filename}, {"n_restored", *n}, {"n_read", file_bytes},
+    send_json(res, 200, {{"id_slot", id}, {"filename", filename}, {"n_restored", *n}, {"n_read", file_bytes},
                          {"timings", {{"restore_ms", ms}}}});
   });
   http.Post("/tokenize", tokenizer_route(parse_tokenize_request, tokenize));

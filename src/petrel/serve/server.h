@@ -5,12 +5,13 @@
 //   POST /v1/chat/completions  openai_api.h (streaming as server-sent events)
 //   POST /v1/completions       the legacy text API: a raw prompt, no chat template
 //   POST /tokenize, /detokenize  the model's tokenizer (llama.cpp's and vLLM's shapes; openai_api.h), no model run
-//   POST /slots/0?action=save|restore|erase  llama.cpp's slot persistence: the KV cache and its tokens to or from
-//        {"filename": NAME} inside ServerOptions::slot_save_path (off, 501, unless set), or forgotten; a restored
+//   POST /slots/ID?action=save|restore|erase  llama.cpp's slot persistence: a slot's KV cache and its tokens to or
+//        from {"filename": NAME} inside ServerOptions::slot_save_path (off, 501, unless set), or forgotten; a restored
 //        cache serves the next request whose prompt begins with its tokens (usage.prompt_tokens_details.cached_tokens)
 //
-// One generation runs at a time (the model and its KV cache are one resource; requests that resend a growing
-// conversation reuse its cached prefix, as `petrel chat` does); up to max_waiting more requests wait for it,
+// One generation runs at a time (the model is one resource; requests that resend a growing conversation reuse its
+// cached prefix, as `petrel chat` does, and with several slots, EngineGenerator, several conversations keep
+// theirs); up to max_waiting more requests wait for it,
 // and beyond that the server answers 503 at once. It listens on 127.0.0.1 unless told otherwise, bounds the
 // body size (413), nesting, messages, generated tokens and the time a generation may run, and answers every
 // failure, an exception included, with an OpenAI-style JSON error: a request never takes the server down. A
@@ -21,8 +22,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "petrel/runtime/json_schema.h"
 #include "petrel/runtime/session.h"
@@ -35,19 +38,28 @@ class Server;
 
 namespace petrel::serve {
 
-// The engine's generator: one Session over the engine, reused from request to request.
+// The engine's generator: `slots` Sessions over the engine (one by default), reused from request to request. A
+// request goes to the slot whose last request's prompt (or restored tokens) it begins with, the longest such: the
+// conversation it continues; otherwise to an unused slot, else the least recently used one. So with several slots,
+// conversations that take turns each keep their cache (a shared system prompt alone does not make a request
+// continue another's conversation). Each slot is a Session with its own KV cache (on the CPU backend a whole context's worth each; on the
+// cuda backend the slots take turns on the GPU, Session says how).
 class EngineGenerator : public ChatGenerator {
  public:
+  static constexpr int kMaxSlots = 64;
   static Result<std::unique_ptr<EngineGenerator>> create(std::shared_ptr<const Engine> engine, int64_t context_length,
-                                                         KvType kv_type = KvType::kF16);
+                                                         KvType kv_type = KvType::kF16, int slots = 1);
   Result<ChatOutput> generate(const ChatTurn& turn, const GenerationEvents& events) override;
   // Text: tokenized with BOS (not doubled when the text starts with it), special tokens read as special.
   Result<ChatOutput> generate_text(const TextTurn& turn, const GenerationEvents& events) override;
   const Tokenizer* tokenizer() const override { return engine_->tokenizer(); }
   int64_t context_length() const override { return context_length_; }
-  Result<int64_t> save_state(const std::filesystem::path& path) override;
-  Result<int64_t> restore_state(const std::filesystem::path& path) override;
-  Result<int64_t> erase_state() override;
+  int slots() const override { return static_cast<int>(sessions_.size()); }
+  Result<int64_t> save_state(int slot, const std::filesystem::path& path) override;
+  Result<int64_t> restore_state(int slot, const std::filesystem::path& path) override;
+  Result<int64_t> erase_state(int slot) override;
+  // The slot the next request with these prompt tokens goes to (the rule above).
+  int slot_for(std::span<const int32_t> prompt) const;
   // The tool-call format the model's chat template implies, and whether it writes the tools (tool_calls.h).
   ToolCallFormat detected_tool_format() const;
   bool template_writes_tools() const;
@@ -64,7 +76,10 @@ class EngineGenerator : public ChatGenerator {
   Result<ChatOutput> run_forced(const ChatPrompt& prompt, const ChatTurn& turn, const GenerationEvents& events);
 
   std::shared_ptr<const Engine> engine_;
-  std::unique_ptr<Session> session_;
+  std::vector<std::unique_ptr<Session>> sessions_;
+  std::vector<uint64_t> last_used_;  // per slot: the request count when it last ran (0: never)
+  std::vector<size_t> anchor_;       // per slot: the tokens a prompt must begin with to continue it (0: unused)
+  uint64_t requests_run_ = 0;
   int64_t context_length_ = 0;
   const std::shared_ptr<const JsonTokenTable>& json_tokens();  // built at first use
   std::shared_ptr<const JsonTokenTable> json_tokens_;
@@ -78,7 +93,7 @@ struct ServerOptions {
   double read_timeout_s = 30;   // a client sending its request
   double write_timeout_s = 60;  // a client not reading the answer
   std::string api_key;          // when set, requests need "Authorization: Bearer <api_key>"
-  std::string slot_save_path;   // a directory: /slots/0?action=save|restore on (empty: off)
+  std::string slot_save_path;   // a directory: /slots/ID?action=save|restore on (empty: off)
   std::function<void(const std::string&)> log;  // a line a request, when set
   CompletionOptions completion;
 };
