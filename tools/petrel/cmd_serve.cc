@@ -116,7 +116,8 @@ void add_serve_command(CLI::App& app, CliContext& ctx) {
                   "or reads slot ID's KV cache and its tokens there, action=erase forgets them (off when not given)");
   cmd->add_option("--slots", f->slots,
                   "Conversations whose KV caches are kept (requests still run one at a time): each request goes to the "
-                  "slot holding the longest prefix of its prompt, else to the least recently used one. Each slot is a KV "
+                  "slot whose conversation it continues (that slot's last prompt begins its own), else to an unused or the "
+                  "least recently used one. Each slot is a KV "
                   "cache of its own (cpu: --context-length positions each; cuda: the positions in use, set aside on the GPU)")
       ->capture_default_str()
       ->check(CLI::Range(1, serve::EngineGenerator::kMaxSlots));
