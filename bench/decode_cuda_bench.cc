@@ -276,6 +276,7 @@ struct Options {
   std::string before;       // --before MODE: what happens to 2 GiB of device memory before the model (see main)
   double copy_gbs = 0;      // --copy-gbs X: the copy bandwidth taken as given, not measured (0: measured)
   int idle_ms = 0;          // --idle-ms N: the GPU idle N ms before each run of decode steps
+  int stash = 0;            // --stash N: also time a session switch (CudaModel::stash_kv, unstash_kv) at N positions
   std::vector<std::string> variants = {"unfused", "fused-serial", "fused-ordered", "fused"};
 };
 
@@ -889,6 +890,31 @@ void run_warm(const WarmSpec& w, cudaStream_t stream) {
   CHECK_CUDA(cudaStreamSynchronize(stream));
 }
 
+// What switching Sessions costs on the cuda backend (Session::take_gpu): the owner's rows set aside, the next one's
+// brought back, at `positions` positions (rows of whatever the cache holds: only the bytes matter). Median of 11.
+void time_stash(CudaModel& gpu, int positions, double copy_gbs) {
+  check(gpu.set_position(positions), "set_position (--stash: at most the bench's context of 4096)");
+  CudaKvStash stash;
+  check(gpu.stash_kv(stash), "stash_kv");  // allocates
+  std::vector<double> out_ms, in_ms;
+  for (int rep = 0; rep < 11; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    check(gpu.stash_kv(stash), "stash_kv");
+    const auto t1 = std::chrono::steady_clock::now();
+    check(gpu.unstash_kv(stash), "unstash_kv");
+    const auto t2 = std::chrono::steady_clock::now();
+    out_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    in_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
+  const LlamaConfig& c = gpu.config();
+  const double bytes = 2.0 * c.num_hidden_layers * positions * c.kv_dim() * sizeof(uint16_t);  // keys and values
+  const double out = median(out_ms), in = median(in_ms);
+  std::printf("session switch at %d positions (%.1f MB of keys and values each way): set aside %.3f ms, brought back %.3f ms "
+              "(%.0f / %.0f GB/s read + write; the copy bandwidth %.0f)\n",
+              positions, bytes / 1e6, out, in, 2 * bytes / (out * 1e6), 2 * bytes / (in * 1e6), copy_gbs);
+  gpu.reset();
+}
+
 void run_tg(const LlamaModel& model, const std::string& name, const Options& o, double copy_gbs) {
   const LlamaConfig& c = model.config();
   const double token_bytes = token_weight_bytes(model);
@@ -924,6 +950,7 @@ void run_tg(const LlamaModel& model, const std::string& name, const Options& o, 
       if (asked == CudaModelOptions::kTmaAuto && got > 0) chosen += std::string(chosen.empty() ? "" : " ") + tag + std::to_string(got);
     }
     if (!chosen.empty()) label += " (auto: " + chosen + ")";
+    if (o.stash > 0) time_stash(**gpu, o.stash, copy_gbs);
     std::vector<float> logits;
     // Mean tokens per second over the reps of n_gen steps, each step through `one` (token id, step index).
     std::vector<int32_t> depth_tokens(o.depth);
@@ -1042,11 +1069,12 @@ int main(int argc, char** argv) {
     else if (a == "--before") o.before = value();
     else if (a == "--warm") o.warm = value();
     else if (a == "--idle-ms") o.idle_ms = std::stoi(value());
+    else if (a == "--stash") o.stash = std::stoi(value());
     else {
       std::fprintf(stderr, "usage: petrel_bench_decode_cuda [--preset P] [--layers N] [--group -1|128|-1,128] [--model DIR] "
                            "[--reps N] [-n N] [--prompt N] [--depth N] [--kernels] [--variants LIST] [--timeline FILE] "
                            "[--warm-up] [--untimed] [--copy-gbs X] [--before alloc-free|alloc-keep|memset-free|copy-keep] "
-                           "[--warm OP:MIB:REPS:WHEN] [--idle-ms N]\n");
+                           "[--warm OP:MIB:REPS:WHEN] [--idle-ms N] [--stash N]\n");
       return 2;
     }
   }
