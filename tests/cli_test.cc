@@ -72,6 +72,20 @@ TEST(Cli, ErrorsAreOneClearLineWithNonZeroExit) {
   EXPECT_NE(r.output.find("9999"), std::string::npos) << r.output;
 }
 
+// llama.cpp's `-np N` (serve's slots) is read as --parallel, whose range is checked before any model loads; bad
+// arguments exit 2 (README), unknown flags and missing values too, --help 0.
+TEST(Cli, ServeTakesLlamaCppsNpFlagAndBadArgumentsExit2) {
+  for (const std::string flag : {"-np", "--parallel"}) {
+    auto r = run_command(cli() + " serve /nonexistent " + flag + " 65");
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find("--parallel: Value 65 not in range 1 to 64"), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(run_command(cli() + " bench --bogus").exit_code, 2);
+  EXPECT_EQ(run_command(cli() + " generate").exit_code, 2);  // --model is required
+  EXPECT_EQ(run_command(cli() + " serve --help").exit_code, 0);
+  EXPECT_EQ(run_command(cli() + " --version").exit_code, 0);
+}
+
 TEST(Cli, InspectShowsArchitecture) {
   auto r = run_command(cli() + " inspect " + (data_dir() / "models/tiny-llama31").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -114,8 +114,9 @@ void add_serve_command(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--slot-save-path", f->slot_save_path,
                   "Directory for llama.cpp's slot persistence: POST /slots/ID?action=save|restore {\"filename\": NAME} writes "
                   "or reads slot ID's KV cache and its tokens there, action=erase forgets them (off when not given)");
-  cmd->add_option("--slots", f->slots,
-                  "Conversations whose KV caches are kept (requests still run one at a time): each request goes to the "
+  cmd->add_option("--parallel", f->slots,
+                  "Slots (also -np, as llama.cpp's): conversations whose KV caches are kept, though requests still run one at a "
+                  "time (no batched decoding); each request goes to the "
                   "slot whose conversation it continues (that slot's last prompt begins its own), else to an unused or the "
                   "least recently used one. Each slot is a KV "
                   "cache of its own (cpu: --context-length positions each; cuda: the positions in use, set aside on the GPU)")

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <cstring>
 
 #include "commands.h"
 
@@ -26,6 +27,16 @@ int main(int argc, char** argv) {
   petrel::cli::add_tokenize_commands(app, ctx);
   petrel::cli::add_template_command(app, ctx);
 
-  CLI11_PARSE(app, argc, argv);
+  // llama.cpp's multi-letter short flag `-np` (serve's slots), which CLI11 cannot declare: read as --parallel.
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-np") == 0) argv[i] = const_cast<char*>("--parallel");
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; bad arguments exit 2 as every command's own argument errors do (README), not
+    // with CLI11's codes (105, 106, ...).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   return ctx.exit_code;
 }
