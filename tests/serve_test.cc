@@ -1126,6 +1126,14 @@ TEST(Server, SlotsKeepTheCachesOfConversationsThatTakeTurns) {
       EXPECT_EQ(saved_status, 200) << saved.dump();
       EXPECT_EQ(saved["id_slot"], 1);
       EXPECT_GT(saved["n_saved"].get<int64_t>(), turns.cached.back());
+      auto listed = client.Get("/slots");  // each slot's cached tokens, none running
+      EXPECT_TRUE(listed && listed->status == 200);
+      const ojson states = listed ? ojson::parse(listed->body) : ojson::array();
+      EXPECT_EQ(states.size(), static_cast<size_t>(slots)) << states.dump();
+      EXPECT_EQ(states[1]["cached_tokens"], saved["n_saved"]) << states.dump();
+      EXPECT_EQ(states[0]["n_ctx"], 512);
+      EXPECT_EQ(states[0]["is_processing"], false);
+      EXPECT_GT(states[0]["cached_tokens"].get<int64_t>(), turns.prompt[2]);
       const auto [refused_status, refused] = post_json(client, ("/slots/" + std::to_string(slots) + "?action=save").c_str(), {{"filename", "c.bin"}});
       EXPECT_EQ(refused_status, 400) << refused.dump();
       EXPECT_NE(refused.dump().find(std::to_string(slots) + " slots, 0 to " + std::to_string(slots - 1)), std::string::npos) << refused.dump();

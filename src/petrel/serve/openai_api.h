@@ -165,6 +165,14 @@ struct LogprobEntry {
   std::vector<std::pair<std::string, float>> top;  // the most likely tokens, most likely first
 };
 
+// A slot as GET /slots shows it (ChatGenerator::slot_states), read without waiting for the model.
+struct SlotState {
+  int id = 0;
+  int64_t n_ctx = 0;          // the context length
+  int64_t cached_tokens = 0;  // tokens in its KV cache after its last request, restore or erase
+  bool is_processing = false;  // a request runs on it now
+};
+
 struct ChatOutput {
   std::string text;  // decoded, stop strings removed
   StopReason reason = StopReason::kMaxTokens;
@@ -214,6 +222,8 @@ class ChatGenerator {
   virtual Result<int64_t> save_state(int slot, const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
   virtual Result<int64_t> restore_state(int slot, const std::filesystem::path& path) { return unsupported("this generator keeps no KV cache"); }
   virtual Result<int64_t> erase_state(int slot) { return unsupported("this generator keeps no KV cache"); }
+  // Every slot's state, without waiting for a running request (thread-safe); empty for generators without.
+  virtual std::vector<SlotState> slot_states() const { return {}; }
 };
 
 struct CompletionOptions {

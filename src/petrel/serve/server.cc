@@ -64,6 +64,7 @@ Result<std::unique_ptr<EngineGenerator>> EngineGenerator::create(std::shared_ptr
   }
   generator->last_used_.assign(slots, 0);
   generator->anchor_.assign(slots, 0);
+  generator->cached_tokens_ = std::make_unique<std::atomic<int64_t>[]>(slots);
   generator->engine_ = std::move(engine);
   generator->context_length_ = context_length;
   return generator;
@@ -215,7 +216,11 @@ Result<ChatOutput> EngineGenerator::run_prompt(const ChatPrompt& prompt, const G
   const int slot = slot_for(prompt.tokens);
   last_used_[slot] = ++requests_run_;
   anchor_[slot] = prompt.tokens.size();
-  PETREL_ASSIGN_OR_RETURN(QueryResult result, sessions_[slot]->query_prompt(prompt, config, on_token));
+  running_.store(slot);
+  Result<QueryResult> queried = sessions_[slot]->query_prompt(prompt, config, on_token);
+  note_cached(slot);
+  running_.store(-1);
+  PETREL_ASSIGN_OR_RETURN(QueryResult result, std::move(queried));
   out.text = std::move(result.text);
   out.tokens = std::move(result.tokens);
   out.reason = result.reason;
@@ -247,13 +252,24 @@ int EngineGenerator::slot_for(std::span<const int32_t> prompt) const {
   return static_cast<int>(std::min_element(last_used_.begin(), last_used_.end()) - last_used_.begin());
 }
 
+std::vector<SlotState> EngineGenerator::slot_states() const {
+  std::vector<SlotState> states(sessions_.size());
+  const int running = running_.load();
+  for (size_t i = 0; i < states.size(); ++i) {
+    states[i] = {static_cast<int>(i), context_length_, cached_tokens_[i].load(), running == static_cast<int>(i)};
+  }
+  return states;
+}
+
 Result<int64_t> EngineGenerator::save_state(int slot, const std::filesystem::path& path) {
   PETREL_RETURN_IF_ERROR(sessions_.at(slot)->save(path));
   return sessions_[slot]->position();
 }
 
 Result<int64_t> EngineGenerator::restore_state(int slot, const std::filesystem::path& path) {
-  PETREL_RETURN_IF_ERROR(sessions_.at(slot)->restore(path));
+  const Status restored = sessions_.at(slot)->restore(path);
+  note_cached(slot);  // a failed restore may have emptied the slot
+  PETREL_RETURN_IF_ERROR(restored);
   last_used_[slot] = ++requests_run_;
   anchor_[slot] = sessions_[slot]->history().size();
   return sessions_[slot]->position();
@@ -263,6 +279,7 @@ Result<int64_t> EngineGenerator::erase_state(int slot) {
   const int64_t n = sessions_.at(slot)->position();
   sessions_[slot]->reset();
   anchor_[slot] = 0;
+  note_cached(slot);
   return n;
 }
 
@@ -348,6 +365,15 @@ void Server::install_routes() {
               {{"object", "list"},
                {"data", ojson::array({{{"id", options_.completion.model_name}, {"object", "model"},
                                        {"created", static_cast<int64_t>(std::time(nullptr))}, {"owned_by", "petrel"}}})}});
+  });
+  // llama.cpp's slot monitor, counts only (no prompt text): answered at once, also while a request runs.
+  http.Get("/slots", [this, authorized](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    ojson slots = ojson::array();
+    for (const SlotState& s : generator_->slot_states()) {
+      slots.push_back({{"id", s.id}, {"n_ctx", s.n_ctx}, {"is_processing", s.is_processing}, {"cached_tokens", s.cached_tokens}});
+    }
+    send_json(res, 200, slots);
   });
   // Both completion endpoints: checked, then run under the model's lock; streamed from a content provider.
   auto completion_route = [this, authorized](auto parse, auto run) {

@@ -5,6 +5,7 @@
 //   POST /v1/chat/completions  openai_api.h (streaming as server-sent events)
 //   POST /v1/completions       the legacy text API: a raw prompt, no chat template
 //   POST /tokenize, /detokenize  the model's tokenizer (llama.cpp's and vLLM's shapes; openai_api.h), no model run
+//   GET  /slots                each slot's id, context, cached tokens and whether a request runs on it
 //   POST /slots/ID?action=save|restore|erase  llama.cpp's slot persistence: a slot's KV cache and its tokens to or
 //        from {"filename": NAME} inside ServerOptions::slot_save_path (off, 501, unless set), or forgotten; a restored
 //        cache serves the next request whose prompt begins with its tokens (usage.prompt_tokens_details.cached_tokens)
@@ -58,6 +59,7 @@ class EngineGenerator : public ChatGenerator {
   Result<int64_t> save_state(int slot, const std::filesystem::path& path) override;
   Result<int64_t> restore_state(int slot, const std::filesystem::path& path) override;
   Result<int64_t> erase_state(int slot) override;
+  std::vector<SlotState> slot_states() const override;
   // The slot the next request with these prompt tokens goes to (the rule above).
   int slot_for(std::span<const int32_t> prompt) const;
   // The tool-call format the model's chat template implies, and whether it writes the tools (tool_calls.h).
@@ -79,6 +81,10 @@ class EngineGenerator : public ChatGenerator {
   std::vector<std::unique_ptr<Session>> sessions_;
   std::vector<uint64_t> last_used_;  // per slot: the request count when it last ran (0: never)
   std::vector<size_t> anchor_;       // per slot: the tokens a prompt must begin with to continue it (0: unused)
+  // What slot_states() reads without the model's lock: per slot the cached tokens, and the slot running (-1: none).
+  std::unique_ptr<std::atomic<int64_t>[]> cached_tokens_;
+  std::atomic<int> running_{-1};
+  void note_cached(int slot) { cached_tokens_[slot].store(static_cast<int64_t>(sessions_[slot]->history().size())); }
   uint64_t requests_run_ = 0;
   int64_t context_length_ = 0;
   const std::shared_ptr<const JsonTokenTable>& json_tokens();  // built at first use
