@@ -43,8 +43,8 @@ namespace petrel::serve {
 // request goes to the slot whose last request's prompt (or restored tokens) it begins with, the longest such: the
 // conversation it continues; otherwise to an unused slot, else the least recently used one. So with several slots,
 // conversations that take turns each keep their cache (a shared system prompt alone does not make a request
-// continue another's conversation). Each slot is a Session with its own KV cache (on the CPU backend a whole context's worth each; on the
-// cuda backend the slots take turns on the GPU, Session says how).
+// continue another's conversation). Each slot is a Session with its own KV cache (on the CPU backend a whole
+// context's worth each; on the cuda backend the slots take turns on the GPU, Session says how).
 class EngineGenerator : public ChatGenerator {
  public:
   static constexpr int kMaxSlots = 64;
