@@ -66,6 +66,14 @@ class Backend : public ::testing::Test {
     if (backend == petrel::Backend::kCuda) options.context_length = 512;
     return Engine::load(path("cpu_bundle"), options);
   }
+  // Greedy answers of max_new_tokens, no stop ids (the backends compared token for token).
+  static GenerationConfig greedy(int64_t max_new_tokens) {
+    GenerationConfig config;
+    config.sampler.greedy = true;
+    config.max_new_tokens = max_new_tokens;
+    config.stop_token_ids = std::vector<int32_t>{};
+    return config;
+  }
   static std::string run_tokens(const std::string& bundle, const std::string& extra) {
     return cli() + " run -c " + path(bundle).string() + " --tokens_file " + path("prompt_tokens.txt").string() + " -n 24 " + extra;
   }
@@ -294,10 +302,7 @@ TEST_F(Backend, GpuSessionReusesThePrefixResetsAndRefusesWhatItCannotDo) {
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   Session cpu(*cpu_engine, 512);
 
-  GenerationConfig config;
-  config.sampler.greedy = true;
-  config.max_new_tokens = 12;
-  config.stop_token_ids = std::vector<int32_t>{};
+  const GenerationConfig config = greedy(12);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if ((*cpu_engine)->templates()) {
     messages.push_back({{"role", "user"}, {"content", "Tell me about rivers."}});
@@ -338,10 +343,7 @@ TEST_F(Backend, GpuSessionsShareTheEngineInTurns) {
   auto cpu_engine = load_engine(petrel::Backend::kCpu);
   auto gpu_engine = load_engine(petrel::Backend::kCuda);
   ASSERT_TRUE(cpu_engine.ok() && gpu_engine.ok());
-  GenerationConfig config;
-  config.sampler.greedy = true;
-  config.max_new_tokens = 8;
-  config.stop_token_ids = std::vector<int32_t>{};
+  const GenerationConfig config = greedy(8);
   // Dialogs of different lengths, so that the set-aside rows grow past what they held.
   const std::vector<std::vector<int32_t>> prompts = {
       {4080, 424, 1413, 276, 289, 311, 3585, 303}, {311, 3585}, {289, 311, 3585, 303, 4080, 424, 1413, 276, 289, 311, 3585, 303, 424}};
@@ -429,10 +431,7 @@ TEST_F(Backend, GpuSessionSavesAndRestoresItsKvCacheInTheCpusFormat) {
   auto gpu = Session::create(*gpu_engine, 512);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   Session cpu(*cpu_engine, 512);
-  GenerationConfig config;
-  config.sampler.greedy = true;
-  config.max_new_tokens = 6;
-  config.stop_token_ids = std::vector<int32_t>{};
+  const GenerationConfig config = greedy(6);
   const std::vector<int32_t> prompt = {4080, 424, 1413, 276, 289, 311, 3585, 303}, more = {424, 1413};
 
   ASSERT_TRUE((*gpu)->query_tokens(prompt, config).ok());

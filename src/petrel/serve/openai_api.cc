@@ -281,7 +281,7 @@ GenerationConfig generation_config(const SamplingRequest& request, const Complet
 double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
 
 // usage, with OpenAI's prompt_tokens_details.cached_tokens: the prompt's prefix found in the KV cache (a resent
-// conversation's earlier turns, or a state restored through /slots/0?action=restore), not processed again.
+// conversation's earlier turns, or a state restored through /slots/ID?action=restore), not processed again.
 ojson usage_json(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
