@@ -310,12 +310,6 @@ bool variant_options(const std::string& name, CudaModelOptions& o) {
   // fused-wc0 for none (session 46: as a fresh process ran before them).
   // "-wsN" (after any -wcN): the warm copies' stream (CudaModelOptions::warm_copies_stream: 0 their own, 1 their own
   // kept, 2 the model's, 3 the legacy default stream), e.g. fused-ws2.
-  // "-tmahH" (last of all, after any -wcN): H warps a 32-row group in every tensor-copy product
-  // (CudaModelOptions::decode_tma_warp_halves, 1 or 2), e.g. fused-tmah2.
-  if (int64_t h = 0; take_number_suffix(base, "-tmah", 1, &h)) {
-    if (h < 1 || h > 2) return false;
-    o.decode_tma_warp_halves = static_cast<int>(h);
-  }
   if (int64_t ws = 0; take_number_suffix(base, "-ws", 1, &ws)) o.warm_copies_stream = static_cast<int>(ws);
   if (int64_t wc = 0; take_number_suffix(base, "-wc", 3, &wc)) o.warm_copies = static_cast<int>(wc);
   take_number_suffix(base, "-ctx", 6, &o.context_length);

@@ -1,7 +1,7 @@
 // petrel_bench_gemv_cuda: the CUDA W4A16 GEMV on Llama-3.1-8B's decode shapes, against the device's own
 // copy bandwidth measured in the same run.
 //
-//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--tma-halves 1,2] [--reps N] [--calls N]
+//   petrel_bench_gemv_cuda [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N]
 //                          [--json FILE] [--shapes RxC[:G],...]
 //
 // For each shape: random GPTQ tensors (speed does not depend on the values), checked once against
@@ -134,7 +134,6 @@ int main(int argc, char** argv) {
   bool uniform_zeros = false;  // --uniform-zeros: the zeros of a symmetric grid
   std::vector<int> tma_stages;  // --tma: gemv_tma's stages a warp to time
   std::vector<int> tma_splits = {0};  // --tma-splits: and its input slices (0: the planner's)
-  std::vector<int> tma_halves = {1};  // --tma-halves: and its warps a 32-row group (GemvTmaOptions::warp_halves)
   std::string json_path;
   std::vector<Shape> custom;
   std::deque<std::string> custom_names;  // Shape::name points into these
@@ -163,9 +162,6 @@ int main(int argc, char** argv) {
         }
         tma_stages.push_back(stages);
       }
-    } else if (arg == "--tma-halves" && i + 1 < argc) {
-      tma_halves.clear();
-      for (const std::string& item : petrel::bench::split_list(argv[++i])) tma_halves.push_back(std::atoi(item.c_str()) == 2 ? 2 : 1);
     } else if (arg == "--tma-splits" && i + 1 < argc) {
       tma_splits.clear();
       for (const std::string& item : petrel::bench::split_list(argv[++i])) tma_splits.push_back(std::max(0, std::atoi(item.c_str())));
@@ -174,7 +170,7 @@ int main(int argc, char** argv) {
     else if (arg == "--calls" && i + 1 < argc) calls = std::atoi(argv[++i]);
     else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--tma-halves 1,2] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
+      std::fprintf(stderr, "usage: %s [--sweep] [--l2-hot] [--uniform-zeros] [--tma S,...] [--tma-splits K,...] [--reps N] [--calls N] [--json FILE] [--shapes RxC[:G],...]\n",
                    argv[0]);
       return 2;
     }
@@ -317,16 +313,13 @@ int main(int argc, char** argv) {
       });
       for (const int k : tma_splits) {
         for (const int stages : tma_stages) {
-          for (const int halves : tma_halves) {
-            cuda::GemvTmaOptions tma;
-            tma.stages = stages;
-            tma.k_splits = k;
-            tma.warp_halves = halves;
-            measure("tma " + std::to_string(stages) + " stages" + (halves == 2 ? ", 2 warps a row group" : ""),
-                    k == 0 ? "auto " + std::to_string(splits) : std::to_string(k), true, [&](const cuda::DeviceGptqMatrix& w) {
-                      check(cuda::gemv_gptq_tma(w, x_dev.as<float>(), y_dev.as<float>(), dev.multiprocessors, stream, tma), "gemv_tma");
-                    });
-          }
+          cuda::GemvTmaOptions tma;
+          tma.stages = stages;
+          tma.k_splits = k;
+          measure("tma " + std::to_string(stages) + " stages", k == 0 ? "auto " + std::to_string(splits) : std::to_string(k), true,
+                  [&](const cuda::DeviceGptqMatrix& w) {
+                    check(cuda::gemv_gptq_tma(w, x_dev.as<float>(), y_dev.as<float>(), dev.multiprocessors, stream, tma), "gemv_tma");
+                  });
         }
       }
     }

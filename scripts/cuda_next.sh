@@ -1,22 +1,24 @@
 #!/bin/bash
-# Device-side, session 50's last call (one call, ~4 min): the two-warps-a-row-group build of the tensor-copy GEMV
-# (GemvTmaOptions::warp_halves; docs/PERFORMANCE.md, session 50's reading: on the H200 the consumer's ~4.3 TB/s,
-# latency-bound at ~3.3 warps a scheduler, sets the loops' rate):
-#   1. its tests (KernelsCuda.GemvTmaMatchesReference, the fused step's variants);
-#   2. the consumer's rate with and without it, from L2 (--l2-hot) and from memory;
-#   3. the decode step with and without it as fresh processes: group 128 (tensor copies by default on Hopper) and
-#      per channel with q/k/v and gate/up forced through tensor copies (the H200's default).
+# Device-side, the first call of session 50 (one call, under the 10-minute limit):
+#   1. the tests of what changed since the last whole GPU suite (session 49, 327 pass at 4041183): the CudaModel
+#      suite and the GPU sessions, among them Backend.GpuSessionsShareTheEngineInTurns (01e641b: the engine's
+#      Sessions take turns on the GPU) (~1-2 min);
+#   2. what a session switch costs on the 8B shape (petrel_bench_decode_cuda --stash N: the owner's KV rows set
+#      aside on the GPU and the next one's brought back, at 1,000 and 4,000 positions);
+#   3. on an H200, the unmet criterion's figures (scripts/cuda_h200_cli.sh: the decode step as fresh processes per
+#      channel and at group 128, then the 8B pipeline through the CLI, ~6 min); on any other GPU the whole GPU
+#      suite (~3 min).
 # Run tool: command `bash scripts/cuda_next.sh`, carry [".gl/pkg.tar.xz"], after `ninja -C build &&
 # sh scripts/cuda_pack.sh build`.
 set -u
-GTEST_FILTER='KernelsCuda.GemvTma*:Groups/CudaModelGptq.FusedStep*' BENCH=0 timeout 90 bash scripts/cuda_device_tests.sh 2>&1 | tail -5
+GTEST_FILTER='CudaModel*:Backend.Gpu*' BENCH=0 timeout 110 bash scripts/cuda_device_tests.sh 2>&1 | tail -6
 . scripts/cuda_unpack.sh >/dev/null 2>&1
-for H in --l2-hot ""; do
-  timeout 60 $B/petrel_bench_gemv_cuda --reps 7 --calls 40 $H --tma 1 --tma-halves 1,2 \
-    --shapes 28672x512,28672x2048,4096x14336 2>&1 | grep -E "tma|shape|GB/s" | head -20
+for N in 1000 4000; do
+  timeout 45 $B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0 --reps 1 -n 8 --group -1 --copy-gbs 4000 \
+    --variants fused --stash $N 2>&1 | grep -E "session switch|rror"
 done
-D="$B/petrel_bench_decode_cuda --preset llama-3.1-8b --prompt 0 --reps 2 --copy-gbs 3000"
-for pass in 1 2; do
-  for V in fused fused-tmah2; do timeout 40 $D --group 128 --variants $V 2>&1 | grep -E "^. fused|rror" | sed "s/^/g128 /"; done
-  for V in fused-tmaq1-tmag1 fused-tmaq1-tmag1-tmah2; do timeout 40 $D --group -1 --variants $V 2>&1 | grep -E "^. fused|rror" | sed "s/^/pc /"; done
-done
+if nvidia-smi -L | grep -q H200; then
+  timeout 390 bash scripts/cuda_h200_cli.sh
+else
+  BENCH=0 timeout 240 bash scripts/cuda_device_tests.sh 2>&1 | tail -8
+fi

@@ -432,8 +432,6 @@ TEST_P(CudaModelGptq, FusedStepAgreesWithTheUnfusedOne) {
   expect_close(tma, "q/k/v, gate/up and down by tensor copies");
   tma.decode_tma_o_stages = 1;  // and o (added into the residual)
   expect_close(tma, "every product by tensor copies");
-  tma.decode_tma_warp_halves = 2;  // two warps a 32-row group in each (GemvTmaOptions::warp_halves)
-  expect_close(tma, "every product by tensor copies, two warps a row group");
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CudaModelGptq, ::testing::Values(int64_t{-1}, int64_t{128}),

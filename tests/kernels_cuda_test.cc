@@ -952,14 +952,13 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
     auto y = cuda::DeviceBuffer::allocate(c.rows * 4);
     ASSERT_TRUE(y.ok());
     for (int k_splits : {0, 1, 5}) {
-      for (int stages : {1, 2, 4, cuda::kMaxGemvTmaStages}) for (int halves : {1, 2}) {
+      for (int stages : {1, 2, 4, cuda::kMaxGemvTmaStages}) {
         SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " k_splits " + std::to_string(k_splits) +
-                     " stages " + std::to_string(stages) + " warp halves " + std::to_string(halves));
+                     " stages " + std::to_string(stages));
         ASSERT_TRUE(y->fill_bytes(0).ok());
         cuda::GemvTmaOptions options;
         options.k_splits = k_splits;
         options.stages = stages;
-        options.warp_halves = halves;
         options.prewait_stages = k_splits == 5 ? 1 : -1;  // the rest asked for after x is staged
         const Status st = cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, options);
         if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.to_string();  // before compute capability 9.0
@@ -984,16 +983,14 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
     auto y = cuda::DeviceBuffer::allocate(c.rows * 4), y_register = cuda::DeviceBuffer::allocate(c.rows * 4);
     ASSERT_TRUE(y.ok() && y_register.ok());
     for (int k_splits : {0, 1, 3, 5}) {
-      for (int stages : {1, 2}) for (int halves : {1, 2}) {
+      for (int stages : {1, 2}) {
         SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " group " + std::to_string(c.group) +
-                     " k_splits " + std::to_string(k_splits) + " stages " + std::to_string(stages) + " warp halves " +
-                     std::to_string(halves));
+                     " k_splits " + std::to_string(k_splits) + " stages " + std::to_string(stages));
         ASSERT_TRUE(y->fill_bytes(0).ok());
         ASSERT_TRUE(y_register->fill_bytes(0).ok());
         cuda::GemvTmaOptions options;
         options.k_splits = k_splits;
         options.stages = stages;
-        options.warp_halves = halves;
         const Status st = cuda::gemv_gptq_tma(m.device.view(), x_dev.as<float>(), y->as<float>(), multiprocessors, nullptr, options);
         ASSERT_TRUE(st.ok()) << st.to_string();
         const std::vector<float> got = download_floats(*y, c.rows);
@@ -1067,19 +1064,6 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
         EXPECT_EQ(got, download_floats(register_outputs[i], matrices[i].host.rows)) << "two slices into zeros: same bits";
       }
       EXPECT_EQ(download_floats(cleared, 64), std::vector<float>(64, 0.0f));
-      // Two warps a row group (GemvTmaOptions::warp_halves): the same sums, each row's two halves added first.
-      for (cuda::DeviceBuffer& out : outputs) ASSERT_TRUE(out.fill_bytes(0).ok());
-      ASSERT_TRUE(cleared.upload(x.data(), 64 * 4).ok());
-      options.warp_halves = 2;
-      const Status halves_st = cuda::gemv_gptq_tma_grouped(members, x_dev.as<float>(), multiprocessors, nullptr, options, fusion);
-      ASSERT_TRUE(halves_st.ok()) << halves_st.to_string();
-      for (size_t i = 0; i < matrices.size(); ++i) {
-        SCOPED_TRACE("grouped RMSNorm, two warps a row group, matrix " + std::to_string(i));
-        std::vector<float> want(matrices[i].host.rows);
-        ref::matmul(in16.data(), 1, matrices[i].host.view(), want.data());
-        EXPECT_LE(relative_l2(download_floats(outputs[i], matrices[i].host.rows), want), 1e-4);
-      }
-      EXPECT_EQ(download_floats(cleared, 64), std::vector<float>(64, 0.0f));
     }
   }
   // SiLU(gate) * up (down's input), the grid of slices: against the reference ops, and bitwise against the register
@@ -1099,20 +1083,19 @@ TEST(KernelsCuda, GemvTmaMatchesReference) {
     cuda::GemvFusion fusion;
     fusion.input = cuda::GemvInput::kSiluMul;
     fusion.up = up_dev.as<float>();
-    for (int k_splits : {1, 4}) for (int halves : {1, 2}) {
-      SCOPED_TRACE("SiLU * up, k_splits " + std::to_string(k_splits) + ", warp halves " + std::to_string(halves));
+    for (int k_splits : {1, 4}) {
+      SCOPED_TRACE("SiLU * up, k_splits " + std::to_string(k_splits));
       ASSERT_TRUE(y->fill_bytes(0).ok());
       ASSERT_TRUE(y_register->fill_bytes(0).ok());
       cuda::GemvTmaOptions options;
       options.k_splits = k_splits;
       options.stages = 2;
-      options.warp_halves = halves;
       const cuda::GemvGroupMember member{&m.device.view(), y->as<float>()};
       const Status st = cuda::gemv_gptq_tma_grouped({&member, 1}, gate_dev.as<float>(), multiprocessors, nullptr, options, fusion);
       ASSERT_TRUE(st.ok()) << st.to_string();
       const std::vector<float> got = download_floats(*y, rows);
       EXPECT_LE(relative_l2(got, want), kTolerance);
-      if (k_splits == 1 && halves == 1) {
+      if (k_splits == 1) {
         cuda::GemvOptions atomic;
         atomic.k_splits = 1;
         atomic.atomic_reduce = true;

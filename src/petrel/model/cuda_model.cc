@@ -414,7 +414,6 @@ struct CudaModel::State {
         tma.k_splits = k_splits;
         tma.prewait_stages = options.decode_tma_prewait;
         tma.late_dependents = options.decode_tma_late_dependents;
-        tma.warp_halves = options.decode_tma_warp_halves;
         tma.overlap_previous = overlap;
         return tma;
       };

@@ -160,7 +160,6 @@ struct CudaModelOptions {
   int decode_tma_o_stages = 0;     // o likewise (added into the residual; "-tmaoS"; session 40)
   int decode_tma_prewait = -1;  // stages asked for before the wait (-1: all; GemvTmaOptions::prewait_stages)
   bool decode_tma_late_dependents = false;  // the next launch allowed after the loop (GemvTmaOptions::late_dependents)
-  int decode_tma_warp_halves = 1;  // warps a 32-row group in every tensor-copy product (GemvTmaOptions::warp_halves)
   // The fused step's GEMVs (all but layer 0's q/k/v) add their split-K sums straight into their outputs with
   // float atomics (cuda::GemvOptions::atomic_reduce; the outputs zeroed by earlier launches of the step) instead
   // of the last block of each row range adding the slices in a fixed order. That takes each product's split-K

@@ -107,12 +107,12 @@ struct TmaMaps {
 struct TmaSharedLayout {
   size_t rings, x_staged, bars, norm, x_slice, bytes;
 };
-__host__ __device__ inline TmaSharedLayout tma_shared_layout(int stages, int steps_per_split, int norm_bytes, int halves = 1) {
+__host__ __device__ inline TmaSharedLayout tma_shared_layout(int stages, int steps_per_split, int norm_bytes) {
   TmaSharedLayout l;
   l.rings = 0;
-  l.x_staged = size_t{kWarps} * halves * stages * kStageBytes;
+  l.x_staged = size_t{kWarps} * stages * kStageBytes;
   l.bars = l.x_staged + static_cast<size_t>(steps_per_split) * kWordsPerStep * 16;
-  l.norm = l.bars + size_t{kWarps} * halves * stages * 8 + (halves > 1 ? size_t{kRows} * 16 : 0);
+  l.norm = l.bars + size_t{kWarps} * stages * 8;
   const size_t inputs = static_cast<size_t>(steps_per_split) * kWordsPerStep * 8;
   l.x_slice = l.norm + (norm_bytes > 0 ? (inputs * norm_bytes + 15) / 16 * 16 : 0);
   l.bytes = l.x_slice + (norm_bytes > 0 ? inputs * 4 : 0) + kSwizzleAlign;  // + the alignment's slack
@@ -187,12 +187,13 @@ __device__ __forceinline__ void load_stage_scales(const uint16_t* row_scales, in
 // order), after this thread's cp.async copies (the norm weights) have landed and every thread has passed.
 __device__ __forceinline__ float inv_rms_after_copies(float sum, const TmaArgs& a) {
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
-  __shared__ float warp_sums[2 * kWarps];
+  __shared__ float warp_sums[kWarps];
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
   cp_async_wait<0>();
   __syncthreads();
   float total = 0.0f;
-  for (int k = 0; k < static_cast<int>(blockDim.x / 32); ++k) total += warp_sums[k];
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) total += warp_sums[k];
   return 1.0f / sqrtf(total / static_cast<float>(a.cols) + a.norm_eps);
 }
 
@@ -200,7 +201,7 @@ __device__ __forceinline__ float inv_rms_after_copies(float sum, const TmaArgs& 
 __device__ __forceinline__ void clear_vectors(const TmaArgs& a, int64_t b, int64_t blocks) {
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    for (int64_t i = b * blockDim.x + threadIdx.x; i < a.clear_vectors[k]; i += blocks * blockDim.x) {
+    for (int64_t i = b * kThreads + threadIdx.x; i < a.clear_vectors[k]; i += blocks * kThreads) {
       __stcg(reinterpret_cast<float4*>(a.clear[k]) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
     }
   }
@@ -210,14 +211,9 @@ __device__ __forceinline__ void clear_vectors(const TmaArgs& a, int64_t b, int64
 // otherwise per channel. kTimeline: thread 0 stamps the block's phases into a.timeline (timeline.h; the same
 // points and record kind as gemv_gptq's vector kernels, so timeline_report.py reads both: t5 the stages asked
 // for before the wait, t1 past the wait, t4 the sum of squares, t2 x staged, t3 out of the loop, t8 the end).
-// kHalves (GemvTmaOptions::warp_halves): warps a 32-row group; with 2 (256 threads), warp w + 4 takes the odd
-// stages of warp w's rows, w the even ones, each with a ring of its own, and the odd warp's sums are added into the
-// even one's through shared memory before the atomic: twice the warps an SM on the same grid (the consumer is
-// latency-bound at ~3.3 warps a scheduler: docs/PERFORMANCE.md, session 50's reading).
-template <GemvInput kInput, bool kGrouped, bool kTimeline, int kHalves = 1>
-__global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __grid_constant__ TmaMaps maps, const TmaArgs a) {
+template <GemvInput kInput, bool kGrouped, bool kTimeline>
+__global__ void __launch_bounds__(kThreads) gemv_tma_kernel(const __grid_constant__ TmaMaps maps, const TmaArgs a) {
   constexpr bool kNorm = kInput == GemvInput::kRmsNorm;
-  constexpr int kBlockThreads = kThreads * kHalves;
   uint64_t stamps[kTimelineStamps] = {};
   auto stamp = [&](int i) {
     if constexpr (kTimeline) {
@@ -228,9 +224,8 @@ __global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __gr
   if (!a.late_dependents) allow_dependent_launch();
   extern __shared__ uint8_t shared_raw[];
   uint8_t* const base = shared_raw + (kSwizzleAlign - shared_address(shared_raw) % kSwizzleAlign) % kSwizzleAlign;
-  const TmaSharedLayout layout = tma_shared_layout(a.stages, a.steps_per_split, kNorm ? weight_type_bytes(a.norm_type) : 0, kHalves);
+  const TmaSharedLayout layout = tma_shared_layout(a.stages, a.steps_per_split, kNorm ? weight_type_bytes(a.norm_type) : 0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_group = warp % kWarps, half = warp / kWarps;  // half 0 takes stages 0, kHalves, ...; half 1 the next
   const int quad_row = lane / 4, quad_col = lane % 4;
   uint8_t* const ring = base + layout.rings + warp * a.stages * kStageBytes;
   uint4* const x_staged = reinterpret_cast<uint4*>(base + layout.x_staged);
@@ -250,12 +245,11 @@ __global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __gr
   const int first_step = static_cast<int>(blockIdx.y) * a.steps_per_split;
   const int steps = min(a.steps_per_split, a.total_steps - first_step);
   const int first_word = first_step * kWordsPerStep;
-  const int all_chunks = (steps + kStageSteps - 1) / kStageSteps;
-  const int chunks = (all_chunks - half + kHalves - 1) / kHalves;  // this warp's: stage i is the slice's kHalves i + half
-  const int warp_row0 = (tile - part.first_tile) * kRows + row_group * kRowsPerWarp;
+  const int chunks = (steps + kStageSteps - 1) / kStageSteps;
+  const int warp_row0 = (tile - part.first_tile) * kRows + warp * kRowsPerWarp;
   auto refill = [&](int slot, int chunk) {  // lane 0
     mbarrier_arrive_expect_tx(bars + slot, kStageBytes);
-    tensor_copy_to_shared(ring + slot * kStageBytes, map, warp_row0, first_word + (kHalves * chunk + half) * kStageWords, bars + slot);
+    tensor_copy_to_shared(ring + slot * kStageBytes, map, warp_row0, first_word + chunk * kStageWords, bars + slot);
   };
   if (lane == 0) {
     for (int i = 0; i < a.stages; ++i) mbarrier_init(bars + i, 1);
@@ -269,7 +263,7 @@ __global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __gr
   uint2 stage_scales[2];  // kGrouped: the next stage's scales, loaded a stage ahead (as its weights are)
   if constexpr (kGrouped) {
     raw_zeros = static_cast<uint32_t>(part.uniform_zero) * 0x11111111u;  // every row's zero, 8 rows a word
-    load_stage_scales(part.scales + row, part.rows, row_ok, first_step, half, steps, a.group_steps, stage_scales);
+    load_stage_scales(part.scales + row, part.rows, row_ok, first_step, 0, steps, a.group_steps, stage_scales);
   } else {
     load_raw_params(part.scales + row, part.qzeros + row / 8, row_ok, raw_scales, raw_zeros);
   }
@@ -280,7 +274,7 @@ __global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __gr
   if constexpr (kNorm) {  // the slice's norm weights, before the wait (they depend on nothing earlier)
     const int elem = weight_type_bytes(a.norm_type);
     const char* from = static_cast<const char*>(a.norm_weight) + first_input * elem;
-    for (int off = threadIdx.x * 16; off < inputs * elem; off += kBlockThreads * 16) cp_async16(norm_slice + off, from + off);
+    for (int off = threadIdx.x * 16; off < inputs * elem; off += kThreads * 16) cp_async16(norm_slice + off, from + off);
     cp_async_commit();
   }
 
@@ -295,7 +289,7 @@ __global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __gr
     const int64_t n4 = a.cols / 4, slice_begin4 = first_input / 4, slice_end4 = slice_begin4 + inputs / 4;
     float sum = 0.0f;
 #pragma unroll 8
-    for (int64_t i = threadIdx.x; i < n4; i += kBlockThreads) {
+    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
       const float4 v = __ldcg(x4 + i);
       if (i >= slice_begin4 && i < slice_end4) reinterpret_cast<float4*>(x_slice)[i - slice_begin4] = v;
       sum = fmaf(v.x, v.x, sum);
@@ -318,7 +312,7 @@ __global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __gr
       return __ldcg(x4 + first_input / 4 + j);
     }
   };
-  for (int i = threadIdx.x; i < steps * kWordsPerStep; i += kBlockThreads) {
+  for (int i = threadIdx.x; i < steps * kWordsPerStep; i += kThreads) {
     const float4 lo = input4(2 * i), hi = input4(2 * i + 1);
     x_staged[i] = make_uint4(pack_half2(lo.x, hi.x), pack_half2(lo.y, hi.y), pack_half2(lo.z, hi.z), pack_half2(lo.w, hi.w));
   }
@@ -348,28 +342,10 @@ __global__ void __launch_bounds__(kThreads * kHalves) gemv_tma_kernel(const __gr
     }
     if constexpr (kGrouped) {
       const uint2 raw[2] = {stage_scales[0], stage_scales[1]};
-      if (c + 1 < chunks) {
-        load_stage_scales(part.scales + row, part.rows, row_ok, first_step, kHalves * (c + 1) + half, steps, a.group_steps, stage_scales);
-      }
-      compute_stage_grouped(w, x_staged, (kHalves * c + half) * kStageSteps, steps, quad_col, bias_low, bias_high, raw, acc01, acc23, total);
+      if (c + 1 < chunks) load_stage_scales(part.scales + row, part.rows, row_ok, first_step, c + 1, steps, a.group_steps, stage_scales);
+      compute_stage_grouped(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, raw, acc01, acc23, total);
     } else {
-      compute_stage(w, x_staged, (kHalves * c + half) * kStageSteps, steps, quad_col, bias_low, bias_high, scale, acc01, acc23, total);
-    }
-  }
-  if constexpr (kHalves > 1) {  // the odd warps' sums into the even ones'
-    float4* const sums = reinterpret_cast<float4*>(base + layout.norm - size_t{kRows} * 16);
-    if (half == 1 && quad_col == 0) sums[row_group * 8 + quad_row] = make_float4(total[0], total[1], total[2], total[3]);
-    __syncthreads();
-    if (half == 1) {
-      clear_vectors(a, int64_t{blockIdx.y} * gridDim.x + blockIdx.x, int64_t{gridDim.x} * gridDim.y);
-      return;
-    }
-    if (quad_col == 0) {
-      const float4 other = sums[row_group * 8 + quad_row];
-      total[0] += other.x;
-      total[1] += other.y;
-      total[2] += other.z;
-      total[3] += other.w;
+      compute_stage(w, x_staged, c * kStageSteps, steps, quad_col, bias_low, bias_high, scale, acc01, acc23, total);
     }
   }
   stamp(3);
@@ -434,9 +410,6 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   if (fusion.input == GemvInput::kSiluMul && (!fusion.up || address(fusion.up) % 16 != 0)) {
     return invalid_argument("gemv_gptq_tma: SiLU * up needs a 16-byte aligned up");
   }
-  if (options.warp_halves != 1 && options.warp_halves != 2) {
-    return invalid_argument("gemv_gptq_tma: warp_halves must be 1 or 2, got " + std::to_string(options.warp_halves));
-  }
   if (options.stages < 1 || options.stages > kMaxGemvTmaStages) {
     return invalid_argument("gemv_gptq_tma: stages must be 1 to " + std::to_string(kMaxGemvTmaStages) + ", got " +
                             std::to_string(options.stages));
@@ -498,27 +471,22 @@ Status gemv_gptq_tma_grouped(std::span<const GemvGroupMember> members, const flo
   const TimelineRing* timeline = active_timeline();
   if (timeline) args.timeline = *timeline;
   args.prewait_stages = options.prewait_stages < 0 ? options.stages : std::min(options.prewait_stages, options.stages);
-  const int halves = options.warp_halves;
-  const size_t shared = tma_shared_layout(options.stages, steps_per_split, norm ? weight_type_bytes(norm_type) : 0, halves).bytes;
-  auto pick = [&](auto grouped_build, auto timeline_build, auto halves_build) {
+  const size_t shared = tma_shared_layout(options.stages, steps_per_split, norm ? weight_type_bytes(norm_type) : 0).bytes;
+  auto pick = [&](auto grouped_build, auto timeline_build) {
     constexpr bool kGrouped = decltype(grouped_build)::value, kTimeline = decltype(timeline_build)::value;
-    constexpr int kHalves = decltype(halves_build)::value;
-    return norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm, kGrouped, kTimeline, kHalves>
-           : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul, kGrouped, kTimeline, kHalves>
-                                                 : gemv_tma_kernel<GemvInput::kPlain, kGrouped, kTimeline, kHalves>;
+    return norm                                  ? gemv_tma_kernel<GemvInput::kRmsNorm, kGrouped, kTimeline>
+           : fusion.input == GemvInput::kSiluMul ? gemv_tma_kernel<GemvInput::kSiluMul, kGrouped, kTimeline>
+                                                 : gemv_tma_kernel<GemvInput::kPlain, kGrouped, kTimeline>;
   };
-  // The diagnostic twin (timeline.h) while a timeline is installed; the product's kernels carry none of it (nor
-  // the two-warps-a-row-group build: an experiment, GemvTmaOptions::warp_halves).
+  // The diagnostic twin (timeline.h) while a timeline is installed; the product's kernels carry none of it.
   auto pick_timeline = [&](auto grouped_build) {
-    using One = std::integral_constant<int, 1>;
-    if (halves == 2) return pick(grouped_build, std::false_type{}, std::integral_constant<int, 2>{});
-    return timeline ? pick(grouped_build, std::true_type{}, One{}) : pick(grouped_build, std::false_type{}, One{});
+    return timeline ? pick(grouped_build, std::true_type{}) : pick(grouped_build, std::false_type{});
   };
   auto kernel = grouped ? pick_timeline(std::true_type{}) : pick_timeline(std::false_type{});
   PETREL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                               "gemv_gptq_tma: " + std::to_string(shared) + " bytes of shared memory");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(k_splits));
-  PETREL_CUDA_RETURN_IF_ERROR(launch_kernel(kernel, grid, dim3(kThreads * halves), shared, stream, options.overlap_previous, maps, args),
+  PETREL_CUDA_RETURN_IF_ERROR(launch_kernel(kernel, grid, dim3(kThreads), shared, stream, options.overlap_previous, maps, args),
                               "gemv_gptq_tma: launch");
   return ok_status();
 }

@@ -28,10 +28,6 @@ struct GemvTmaOptions {
   // file with four); the question was whether their early loads hurt this loop: in the decode step a late launch
   // lost 11-13% (H100, session 37), so no.
   bool late_dependents = false;
-  // Warps a 32-row group: 1 (128 threads a block), or 2 (256: each warp every other stage of the slice, the pair's
-  // sums added in shared memory): twice the warps an SM on the same grid, for a consumer that is latency-bound
-  // (docs/PERFORMANCE.md, session 50's reading). An experiment, off by default; no timeline twin.
-  int warp_halves = 1;
 };
 inline constexpr int kMaxGemvTmaStages = 6;
 
