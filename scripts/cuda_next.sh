@@ -1,10 +1,10 @@
 #!/bin/bash
-# Device-side, the first call of session 50 (one call, under the 10-minute limit):
-#   1. the tests of what changed since the last whole GPU suite (session 49, 327 pass at 4041183): the CudaModel
-#      suite and the GPU sessions, among them Backend.GpuSessionsShareTheEngineInTurns (01e641b: the engine's
-#      Sessions take turns on the GPU) (~1-2 min);
-#   2. what a session switch costs on the 8B shape (petrel_bench_decode_cuda --stash N: the owner's KV rows set
-#      aside on the GPU and the next one's brought back, at 1,000 and 4,000 positions);
+# Device-side, session 51 (one call, under the 10-minute limit):
+#   1. the CudaModel suite and the GPU sessions (~1-2 min), among them CudaModel.StashedKvRowsComeBackExactly and
+#      Backend.GpuSessionsShareTheEngineInTurns: a Session switch is now one strided copy for the keys and one for
+#      the values (copy_rows_on_device), where it was one copy a layer each;
+#   2. what a switch costs on the 8B shape (petrel_bench_decode_cuda --stash N, 1,000 and 4,000 positions; session
+#      50 with a copy a layer: 0.352 / 0.368 and 0.552 / 0.550 ms on an H100);
 #   3. on an H200, the unmet criterion's figures (scripts/cuda_h200_cli.sh: the decode step as fresh processes per
 #      channel and at group 128, then the 8B pipeline through the CLI, ~6 min); on any other GPU the whole GPU
 #      suite (~3 min).

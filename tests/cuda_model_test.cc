@@ -491,6 +491,57 @@ TEST(CudaModel, AidreamsGreedyGenerationMatchesTheCpu) {
   EXPECT_EQ(generated, expected);
 }
 
+// stash_kv / unstash_kv (the strided copies a Session switch makes) give back every layer's key and value rows
+// exactly, across a stash that grows (its layer pitch changes) and one set aside while another sequence ran.
+TEST(CudaModel, StashedKvRowsComeBackExactly) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  auto model = LlamaModel::load(data_dir() / "models/aidreams260k");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  CudaModelOptions options;
+  options.context_length = 32;
+  auto gpu = CudaModel::create(**model, options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  CudaModel& m = **gpu;
+  const int64_t layers = m.config().num_hidden_layers, kv_dim = m.config().kv_dim();
+  auto rows = [&](int64_t n) {  // every layer's keys, then values, of positions [0, n)
+    std::vector<uint16_t> all(static_cast<size_t>(2 * layers * n * kv_dim));
+    for (int64_t l = 0; l < layers; ++l) {
+      for (int v = 0; v < 2; ++v) {
+        const auto at = static_cast<size_t>((2 * l + v) * n * kv_dim);
+        EXPECT_TRUE(m.read_kv(l, v == 1, n, std::span<uint16_t>(all).subspan(at, static_cast<size_t>(n * kv_dim))).ok());
+      }
+    }
+    return all;
+  };
+  auto run = [&](std::initializer_list<int32_t> tokens) {
+    for (const int32_t t : tokens) ASSERT_TRUE(m.decode(t, nullptr).ok());
+  };
+  CudaKvStash first, second;
+  run({1, 42, 7, 300, 5});
+  const std::vector<uint16_t> five = rows(5);
+  ASSERT_TRUE(m.stash_kv(first).ok());
+  EXPECT_EQ(first.position(), 5);
+  m.reset();
+  run({1, 9, 8, 7, 6, 5, 4, 3, 2});
+  const std::vector<uint16_t> nine = rows(9);
+  ASSERT_TRUE(m.stash_kv(second).ok());
+  ASSERT_TRUE(m.unstash_kv(first).ok());
+  EXPECT_EQ(m.position(), 5);
+  EXPECT_EQ(rows(5), five);
+  // The first sequence goes on past its stash's room: the stash grows (another pitch) and still round-trips.
+  run({11, 12, 13, 14, 15, 16, 17});
+  const std::vector<uint16_t> twelve = rows(12);
+  const int64_t small_bytes = first.device_bytes();
+  ASSERT_TRUE(m.stash_kv(first).ok());
+  EXPECT_GT(first.device_bytes(), small_bytes);
+  ASSERT_TRUE(m.unstash_kv(second).ok());
+  EXPECT_EQ(m.position(), 9);
+  EXPECT_EQ(rows(9), nine);
+  ASSERT_TRUE(m.unstash_kv(first).ok());
+  EXPECT_EQ(m.position(), 12);
+  EXPECT_EQ(rows(12), twelve);
+}
+
 // CudaModelOptions::warm_copies (device-to-device copies at the end of create(), session 46) touch nothing of the
 // model's: the same steps give the same logits bitwise with none.
 TEST(CudaModel, WarmCopiesChangeNoLogits) {
