@@ -1,10 +1,12 @@
 #!/bin/bash
-# Device-side, session 51 (one call, under the 10-minute limit):
-#   1. the CudaModel suite and the GPU sessions (~1-2 min), among them CudaModel.StashedKvRowsComeBackExactly and
-#      Backend.GpuSessionsShareTheEngineInTurns: a Session switch is now one strided copy for the keys and one for
-#      the values (copy_rows_on_device), where it was one copy a layer each;
-#   2. what a switch costs on the 8B shape (petrel_bench_decode_cuda --stash N, 1,000 and 4,000 positions; session
-#      50 with a copy a layer: 0.352 / 0.368 and 0.552 / 0.550 ms on an H100);
+# Device-side, prepared in session 51 (one call, under the 10-minute limit; no machine was lent to run it):
+#   1. the CudaModel suite and the GPU sessions (~1-2 min), among them CudaModel.StashedKvRowsComeBackExactly (new:
+#      every layer's KV rows round-trip a stash exactly, also after it grew) and
+#      Backend.GpuSessionsShareTheEngineInTurns;
+#   2. what a Session switch costs on the 8B shape (petrel_bench_decode_cuda --stash N, 1,000 and 4,000
+#      positions; session 50, a copy a layer: 0.352 / 0.368 and 0.552 / 0.550 ms on an H100). To A/B the strided
+#      switch (one cudaMemcpy2DAsync for the keys, one for the values: 8cae7d9, reverted until a GPU has run it),
+#      run this once as it is, then `git revert <the revert of 8cae7d9>`, build, pack and run it again;
 #   3. on an H200, the unmet criterion's figures (scripts/cuda_h200_cli.sh: the decode step as fresh processes per
 #      channel and at group 128, then the 8B pipeline through the CLI, ~6 min); on any other GPU the whole GPU
 #      suite (~3 min).

@@ -1053,35 +1053,33 @@ Status CudaModel::stash_kv(CudaKvStash& stash) const {
     stash.buffers_ = std::move(grown);
     stash.capacity_ = capacity;
   }
-  PETREL_RETURN_IF_ERROR(copy_kv_rows(stash, n, /*to_stash=*/true));
+  for (int64_t l = 0; l < layers && n > 0; ++l) {
+    const size_t from = static_cast<size_t>(l * s.kv_layer_elements()), to = static_cast<size_t>(l * stash.capacity_ * s.config.kv_dim());
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(stash.buffers_->keys.as<uint16_t>() + to, s.keys.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(stash.buffers_->values.as<uint16_t>() + to, s.values.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+  }
   PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "setting a session's KV cache aside on the GPU"));
   stash.position_ = n;
   return ok_status();
 }
 
-Status CudaModel::copy_kv_rows(const CudaKvStash& stash, int64_t n, bool to_stash) const {
-  const State& s = *state_;
-  if (n == 0) return ok_status();
-  const size_t element = sizeof(uint16_t), row_bytes = static_cast<size_t>(n * s.config.kv_dim()) * element;
-  const size_t cache_pitch = static_cast<size_t>(s.kv_layer_elements()) * element;
-  const size_t stash_pitch = static_cast<size_t>(stash.capacity_ * s.config.kv_dim()) * element;
-  const size_t layers = static_cast<size_t>(s.config.num_hidden_layers);
-  for (const auto& [cache, aside] : {std::pair{&s.keys, &stash.buffers_->keys}, std::pair{&s.values, &stash.buffers_->values}}) {
-    PETREL_RETURN_IF_ERROR(
-        to_stash ? cuda::copy_rows_on_device(aside->data(), stash_pitch, cache->data(), cache_pitch, row_bytes, layers, s.stream.get())
-                 : cuda::copy_rows_on_device(cache->data(), cache_pitch, aside->data(), stash_pitch, row_bytes, layers, s.stream.get()));
-  }
-  return ok_status();
-}
-
 Status CudaModel::unstash_kv(const CudaKvStash& stash) {
   State& s = *state_;
-  const int64_t n = stash.position_;
+  const int64_t n = stash.position_, layers = s.config.num_hidden_layers;
   if (n > s.options.context_length || n > stash.capacity_) {
     return invalid_argument("CudaModel::unstash_kv: " + std::to_string(n) + " positions, the cache holds " +
                             std::to_string(s.options.context_length));
   }
-  PETREL_RETURN_IF_ERROR(copy_kv_rows(stash, n, /*to_stash=*/false));
+  const int64_t row_bytes = s.config.kv_dim() * static_cast<int64_t>(sizeof(uint16_t));
+  for (int64_t l = 0; l < layers && n > 0; ++l) {
+    const size_t to = static_cast<size_t>(l * s.kv_layer_elements()), from = static_cast<size_t>(l * stash.capacity_ * s.config.kv_dim());
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(s.keys.as<uint16_t>() + to, stash.buffers_->keys.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+    PETREL_RETURN_IF_ERROR(cuda::copy_on_device(s.values.as<uint16_t>() + to, stash.buffers_->values.as<uint16_t>() + from,
+                                                static_cast<size_t>(n * row_bytes), s.stream.get()));
+  }
   PETREL_RETURN_IF_ERROR(with_context(s.stream.synchronize(), "bringing a session's KV cache back from its stash"));
   s.position = n;
   return ok_status();

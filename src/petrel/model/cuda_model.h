@@ -396,9 +396,6 @@ class CudaModel {
  private:
   struct State;
   explicit CudaModel(std::unique_ptr<State> state);
-  // Positions [0, n) of every layer's keys and values between the cache and `stash` (to_stash: cache -> stash),
-  // queued on the model's stream: one strided copy for the keys and one for the values.
-  Status copy_kv_rows(const CudaKvStash& stash, int64_t n, bool to_stash) const;
   Status warm_up();
   enum class StepOutput;
   Status start_decode(int32_t token, StepOutput output, int top_k = 0);

@@ -114,7 +114,6 @@ Status CudaGraph::launch(Stream) const { return not_built(); }
 Status copy_to_device(void*, const void*, size_t, Stream) { return not_built(); }
 Status copy_to_host(void*, const void*, size_t, Stream) { return not_built(); }
 Status copy_on_device(void*, const void*, size_t, Stream) { return not_built(); }
-Status copy_rows_on_device(void*, size_t, const void*, size_t, size_t, size_t, Stream) { return not_built(); }
 Result<PinnedBuffer> PinnedBuffer::allocate(size_t) { return not_built(); }
 PinnedBuffer::~PinnedBuffer() = default;
 PinnedBuffer::PinnedBuffer(PinnedBuffer&&) noexcept {}

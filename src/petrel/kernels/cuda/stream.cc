@@ -132,15 +132,6 @@ Status copy_on_device(void* destination, const void* source, size_t bytes, Strea
                      "cudaMemcpyAsync on device");
 }
 
-Status copy_rows_on_device(void* destination, size_t destination_pitch, const void* source, size_t source_pitch,
-                           size_t row_bytes, size_t rows, Stream stream) {
-  if (row_bytes == 0 || rows == 0) return ok_status();
-  return cuda_status(cudaMemcpy2DAsync(destination, destination_pitch, source, source_pitch, row_bytes, rows,
-                                       cudaMemcpyDeviceToDevice, stream),
-                     "cudaMemcpy2DAsync on device (" + std::to_string(rows) + " runs of " + std::to_string(row_bytes) +
-                         " bytes)");
-}
-
 Result<PinnedBuffer> PinnedBuffer::allocate(size_t bytes) {
   PinnedBuffer buffer;
   if (bytes == 0) return buffer;

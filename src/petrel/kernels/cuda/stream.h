@@ -89,10 +89,6 @@ Status copy_to_device(void* device, const void* host, size_t bytes, Stream strea
 Status copy_to_host(void* host, const void* device, size_t bytes, Stream stream);
 // Device-to-device, ordered on `stream`.
 Status copy_on_device(void* destination, const void* source, size_t bytes, Stream stream);
-// `rows` runs of `row_bytes` each, run r from source + r * source_pitch to destination + r * destination_pitch
-// (one cudaMemcpy2DAsync: one operation however many runs, where a copy a run costs a launch each).
-Status copy_rows_on_device(void* destination, size_t destination_pitch, const void* source, size_t source_pitch,
-                           size_t row_bytes, size_t rows, Stream stream);
 
 // Page-locked host memory (copies to and from it overlap with other work and are captured in graphs), mapped
 // into the device's address space: kernels may read and write it directly through device_data() (zero-copy,
