@@ -6,7 +6,7 @@
 #   2. what a Session switch costs on the 8B shape (petrel_bench_decode_cuda --stash N, 1,000 and 4,000
 #      positions; session 50, a copy a layer: 0.352 / 0.368 and 0.552 / 0.550 ms on an H100). To A/B the strided
 #      switch (one cudaMemcpy2DAsync for the keys, one for the values: 8cae7d9, reverted until a GPU has run it),
-#      run this once as it is, then `git revert <the revert of 8cae7d9>`, build, pack and run it again;
+#      run this once as it is, then `git revert a3b5d8c`, build, pack and run it again;
 #   3. on an H200, the unmet criterion's figures (scripts/cuda_h200_cli.sh: the decode step as fresh processes per
 #      channel and at group 128, then the 8B pipeline through the CLI, ~6 min); on any other GPU the whole GPU
 #      suite (~3 min).
