@@ -491,7 +491,7 @@ TEST(CudaModel, AidreamsGreedyGenerationMatchesTheCpu) {
   EXPECT_EQ(generated, expected);
 }
 
-// stash_kv / unstash_kv (the strided copies a Session switch makes) give back every layer's key and value rows
+// stash_kv / unstash_kv (the copies a Session switch makes) give back every layer's key and value rows
 // exactly, across a stash that grows (its layer pitch changes) and one set aside while another sequence ran.
 TEST(CudaModel, StashedKvRowsComeBackExactly) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
